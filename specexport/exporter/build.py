@@ -1,0 +1,205 @@
+"""`specexport build`: checkpoint(s) -> parity-checked bundle. The only place that writes bundles.
+
+Everything is written into a temporary directory beside the output and moved into place at the end, so a
+build that fails or is interrupted leaves no half-written bundle (and a --force rebuild keeps the old
+bundle until the new one is complete).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__, bundle
+from ..bundle import Manifest, ModelEntry
+
+DRAFT_HELP = ("a checkpoint (directory, short name or cached hub id), or a draft derived from the target: "
+              "self:layers=N (early exit: first N layers + final norm + head), self:int4 or self:int8 "
+              "(weight-only quantised copy), or none")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    kind: str  # "none" | "checkpoint" | "early-exit" | "int4" | "int8"
+    source: str = ""
+    layers: int = 0
+
+    @staticmethod
+    def parse(s: str | None) -> "DraftSpec":
+        if s is None or s == "none":
+            return DraftSpec("none")
+        if not s.startswith("self:"):
+            return DraftSpec("checkpoint", s)
+        m = re.fullmatch(r"self:(?:layers=(\d+)|(int4|int8))", s)
+        if not m:
+            raise ValueError(f"bad --draft {s!r}: expected {DRAFT_HELP}")
+        return DraftSpec("early-exit", layers=int(m.group(1))) if m.group(1) else DraftSpec(m.group(2))
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    target: str
+    out: Path
+    draft: DraftSpec = DraftSpec("none")
+    ks: tuple = (2, 4, 8)
+    capacity: int = 2048
+    prefill_chunk: int = 64
+    tolerance: float = 1e-3  # max |logit - eager logit|, float32
+    force: bool = False
+
+    def __post_init__(self):
+        if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
+            raise ValueError(f"--k values must be integers >= 1, got {list(self.ks)}")
+        if self.capacity < 8:
+            raise ValueError(f"--capacity must be at least 8 slots, got {self.capacity}")
+        if max(self.ks) + 1 >= self.capacity:
+            raise ValueError(f"k={max(self.ks)} does not fit a capacity of {self.capacity}: verify needs k+1 "
+                             "new slots and room for a prompt; lower --k or raise --capacity")
+        if not 1 <= self.prefill_chunk <= self.capacity:
+            raise ValueError(f"--prefill-chunk must be between 1 and the capacity ({self.capacity}), "
+                             f"got {self.prefill_chunk}")
+        if not self.tolerance > 0:
+            raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
+
+
+class ParityError(RuntimeError):
+    pass
+
+
+def build(cfg: BuildConfig, log=print) -> Manifest:
+    out = Path(cfg.out)
+    if out.exists() and not cfg.force:
+        raise FileExistsError(f"{out} already exists: pass --force to replace it, or choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        manifest = _build_into(cfg, tmp, log)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return manifest
+    except BaseException:  # errors and Ctrl-C alike: nothing half-written stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..graphs import config as gconfig
+    from ..graphs import llama
+    from ..runtime.backends import OrtBackend
+    from . import models, onnx, parity
+    from .tokenizer import check_compatible, copy_tokenizer
+
+    t_start = time.perf_counter()
+    torch.manual_seed(0)
+    S = cfg.capacity
+    timings = {}
+
+    def load(name):
+        path = models.resolve(name)
+        t = time.perf_counter()
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+        log(f"  loaded {name} from {path} ({time.perf_counter() - t:.1f} s)")
+        return path, hf
+
+    def export_and_check(role, kind, src, hf, gc, profiles, layers=None, quant_of=None):
+        t = time.perf_counter()
+        graph_file = f"{role}.onnx"
+        if quant_of is None:
+            log(f"[{role}] exporting {gc.num_layers}-layer graph (T symbolic, S={S}) ...")
+            onnx.export(llama.build(gc, hf.state_dict()), S, root / graph_file)
+        else:
+            log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits) ...")
+            onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]))
+        timings[f"{role}_export_s"] = round(time.perf_counter() - t, 1)
+        inputs, outputs = onnx.io_spec(gc, S)
+        entry = ModelEntry(role=role, kind=kind, source=src, arch=gc.summary(), graph=graph_file,
+                           weights=graph_file + ".data", profiles=profiles, inputs=inputs, outputs=outputs,
+                           parity={}, parity_tolerance=None if quant_of else cfg.tolerance)
+        t = time.perf_counter()
+        log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
+        rep = parity.check(hf, OrtBackend(root, entry, S), layers=layers)
+        timings[f"{role}_parity_s"] = round(time.perf_counter() - t, 1)
+        for name, r in rep.items():
+            log(f"  {name:10s} T={profiles[name]:<4d} max|dlogit| {r['max_abs']:.2e}  top-1 agreement {r['top1']:.2f}")
+        worst = max(r["max_abs"] for r in rep.values())
+        if quant_of is None and not worst <= cfg.tolerance:
+            raise ParityError(f"{role}: exported graph differs from transformers eager by {worst:.3g} > tolerance "
+                              f"{cfg.tolerance:g}; the export is wrong for this checkpoint (report it), or "
+                              "raise --tolerance if the difference is expected")
+        return dataclasses.replace(entry, parity=rep)
+
+    # ---- target
+    t_path, t_hf = load(cfg.target)
+    t_gc = gconfig.from_hf(t_hf)
+    target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk}
+    target_profiles.update({f"verify_{k}": k + 1 for k in sorted(cfg.ks)})
+    entries = {"target": export_and_check("target", "checkpoint", {"name": cfg.target, "path": str(t_path)},
+                                          t_hf, t_gc, target_profiles)}
+    # ---- draft
+    d = cfg.draft
+    draft_profiles = {"decode": 1, "catchup": 2, "prefill": cfg.prefill_chunk}
+    if d.kind == "checkpoint":
+        d_path, d_hf = load(d.source)
+        check_compatible(t_path, d_path, t_gc.vocab_size, d_hf.config.vocab_size)
+        d_gc = gconfig.from_hf(d_hf)
+        entries["draft"] = export_and_check("draft", "checkpoint", {"name": d.source, "path": str(d_path)},
+                                            d_hf, d_gc, draft_profiles)
+    elif d.kind == "early-exit":
+        d_gc = t_gc.with_layers(d.layers)
+        entries["draft"] = export_and_check("draft", "early-exit", {"name": cfg.target, "layers": d.layers},
+                                            t_hf, d_gc, draft_profiles, layers=d.layers)
+    elif d.kind in ("int4", "int8"):
+        entries["draft"] = export_and_check("draft", d.kind, {"name": cfg.target, "quantised": d.kind},
+                                            t_hf, t_gc, draft_profiles, quant_of="target")
+    # ---- tokenizer, manifest
+    tok = copy_tokenizer(t_path, root / "tokenizer", t_hf)
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    timings["total_s"] = round(time.perf_counter() - t_start, 1)
+    m = Manifest(
+        specexport_version=__version__, capacity=S, batch=1, models=entries, tokenizer=tok,
+        files={f: bundle.sha256(root / f) for f in files},
+        build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S,
+               "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
+               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "
+                            "output new_kv [L,2,B,Hkv,T,D]; slot = position mod S"})
+    (root / bundle.MANIFEST).write_text(m.to_json())
+    size = sum((root / f).stat().st_size for f in files)
+    log(f"built in {timings['total_s']:.0f} s, {size / 1e6:.0f} MB")
+    return m
+
+
+def summary(m: Manifest, root: Path | None = None) -> str:
+    """A person's view of a manifest (`specexport inspect`)."""
+    lines = [f"specexport bundle v{m.format_version} (specexport {m.specexport_version}), "
+             f"capacity {m.capacity}, batch {m.batch}, built {m.build.get('created', '?')}"]
+    for role, e in m.models.items():
+        a = e.arch
+        lines.append(f"{role}: {e.kind} {e.source.get('name')} - {a['arch']} L={a['num_layers']} "
+                     f"E={a['hidden_size']} H={a['num_heads']}/{a['num_kv_heads']} D={a['head_dim']} "
+                     f"V={a['vocab_size']} rope={a['rope_type']}")
+        for name, T in e.profiles.items():
+            p = e.parity.get(name, {})
+            lines.append(f"  {name:10s} T={T:<4d} max|dlogit| {p.get('max_abs', float('nan')):.2e}  "
+                         f"top-1 {p.get('top1', float('nan')):.2f}")
+    lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
+                 f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
+    if root is not None:
+        size = sum((root / f).stat().st_size for f in m.files)
+        lines.append(f"files: {len(m.files)}, {size / 1e6:.0f} MB")
+    lines.append(f"build: {json.dumps(m.build.get('timings', {}))}")
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""Parity: every exported profile on onnxruntime against transformers' eager model, same tokens, with a
+partly filled cache (filled through the graph's own chunked prefill, so that is checked too)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from ..runtime.backends import OrtBackend
+from ..runtime.drafters import feed
+
+
+@contextlib.contextmanager
+def first_layers(hf, n: int | None):
+    """Temporarily cut an HF model to its first n layers (the early-exit draft's reference)."""
+    if n is None:
+        yield hf
+        return
+    layers, count = hf.model.layers, hf.config.num_hidden_layers
+    hf.model.layers, hf.config.num_hidden_layers = layers[:n], n
+    try:
+        yield hf
+    finally:
+        hf.model.layers, hf.config.num_hidden_layers = layers, count
+
+
+def eager_logits(hf, ids: list[int], layers: int | None = None) -> np.ndarray:
+    """[n, V] float32 logits of transformers' eager forward over ids."""
+    with torch.no_grad(), first_layers(hf, layers):
+        return hf(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0) -> dict:
+    """-> {profile: {"max_abs": float, "top1": agreement}} for every profile of `model`."""
+    S = model.capacity
+    V = model.entry.arch["vocab_size"]
+    P = model.entry.profiles.get("prefill", 1)
+    T_max = max(model.entry.profiles.values())
+    n_past = max(1, min(S - T_max, 2 * P + 3))  # two full prefill chunks and a padded remainder
+    ids = np.random.default_rng(seed).integers(0, V, n_past + T_max).tolist()
+    ref = eager_logits(hf, ids, layers)
+    report = {}
+    for name, T in sorted(model.entry.profiles.items(), key=lambda x: x[1]):
+        cache = model.new_cache()
+        feed(model, cache, ids[:n_past])
+        out = model.step(cache, ids[n_past:n_past + T], n_past)
+        want = ref[n_past:n_past + T]
+        report[name] = {"max_abs": float(np.abs(out.logits - want).max()),
+                        "top1": float((out.logits.argmax(-1) == want.argmax(-1)).mean())}
+    return report

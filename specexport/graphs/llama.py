@@ -1,0 +1,157 @@
+"""Export-friendly Llama-family decoder (Llama 1/2/3, SmolLM, Mistral, Qwen2): pure torch, static shapes.
+
+One forward = one step over T new tokens against a cache of S slots that the caller owns:
+  inputs   input_ids    int64 [B,T]
+           position_ids int64 [B,T]          absolute positions (RoPE)
+           past_mask    bool  [B,S]          slot holds a valid earlier token of this sequence
+           new_mask     bool  [B,T,T]        which new tokens each new token sees (causal by default;
+                                             a tree mask for tree verification)
+           past_kv      2L x float [B,Hkv,S,D]  K (already rotated) and V per layer, in that order
+  outputs  logits       float [B,T,V]
+           new_kv       float [L,2,B,Hkv,T,D]  K (rotated) and V of the T new tokens
+The graph never writes the cache: the runtime commits the accepted rows of new_kv into its ring buffer,
+so a rejected proposal costs nothing to roll back.
+Parameter names mirror transformers' (model.layers.N.self_attn.q_proj.weight, ...) so an HF state dict
+loads as it is. Nothing here imports transformers.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import GraphConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: GraphConfig):
+        super().__init__()
+        self.c = c
+        h, kv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, h * d, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, kv * d, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, kv * d, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(h * d, c.hidden_size, bias=c.o_bias)
+
+    def forward(self, x, cos, sin, past_k, past_v, bias_past, bias_new):
+        # x: [B,T,E]; cos/sin: [B,1,T,D]; past_k/v: [B,Hkv,S,D]; bias_past: [B,1,1,1,S]; bias_new: [B,1,1,T,T]
+        c = self.c
+        B, T, _ = x.shape
+        G = c.num_heads // c.num_kv_heads
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # [B,H,T,D]
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B,Hkv,T,D]
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # GQA without repeating the cache: head h = kv * G + g, as transformers' repeat_kv orders them
+        q5 = q.view(B, c.num_kv_heads, G, T, c.head_dim) * (c.head_dim ** -0.5)  # [B,Hkv,G,T,D]
+        s_past = q5 @ past_k.unsqueeze(2).transpose(-1, -2) + bias_past  # [B,Hkv,G,T,S]
+        s_new = q5 @ k.unsqueeze(2).transpose(-1, -2) + bias_new  # [B,Hkv,G,T,T]
+        S = past_k.shape[2]
+        p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
+        o = p[..., :S] @ past_v.unsqueeze(2) + p[..., S:] @ v.unsqueeze(2)  # [B,Hkv,G,T,D]
+        o = o.reshape(B, c.num_heads, T, c.head_dim).transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(o), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, c: GraphConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: GraphConfig):
+        super().__init__()
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, past_k, past_v, bias_past, bias_new):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, bias_past, bias_new)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k, v
+
+
+class Backbone(nn.Module):
+    def __init__(self, c: GraphConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class LlamaGraph(nn.Module):
+    """The whole step: embed -> L layers -> norm -> head, with explicit KV in and new KV out."""
+
+    def __init__(self, c: GraphConfig):
+        super().__init__()
+        self.c = c
+        self.model = Backbone(c)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", torch.tensor(c.inv_freq, dtype=torch.float32), persistent=False)
+
+    def forward(self, input_ids, position_ids, past_mask, new_mask, past_kv: list):
+        c = self.c
+        x = self.model.embed_tokens(input_ids)  # [B,T,E]
+        freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B,T,D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos = (emb.cos() * c.rope_scaling).unsqueeze(1)  # [B,1,T,D]
+        sin = (emb.sin() * c.rope_scaling).unsqueeze(1)
+        neg = torch.tensor(float("-inf"))
+        zero = torch.tensor(0.0)
+        bias_past = torch.where(past_mask, zero, neg)[:, None, None, None, :]  # [B,1,1,1,S]
+        bias_new = torch.where(new_mask, zero, neg)[:, None, None, :, :]  # [B,1,1,T,T]
+        new_kv = []
+        for i, layer in enumerate(self.model.layers):
+            x, k, v = layer(x, cos, sin, past_kv[2 * i], past_kv[2 * i + 1], bias_past, bias_new)
+            new_kv.append(torch.stack([k, v]))
+        logits = self.lm_head(self.model.norm(x)).float()
+        return logits, torch.stack(new_kv)  # [B,T,V], [L,2,B,Hkv,T,D]
+
+
+def build(c: GraphConfig, state_dict: dict) -> LlamaGraph:
+    """A LlamaGraph with the HF weights loaded (extra layers in state_dict are ignored for early exit)."""
+    g = LlamaGraph(c)
+    own = g.state_dict()
+    missing = [k for k in own if k not in state_dict and not (k == "lm_head.weight" and c.tie_word_embeddings)]
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} weights the graph needs, e.g. {missing[:3]}")
+    g.load_state_dict({k: state_dict[k] for k in own if k in state_dict}, strict=False)
+    if c.tie_word_embeddings:
+        g.lm_head.weight = g.model.embed_tokens.weight
+    return g.eval()
+
+
+def empty_inputs(c: GraphConfig, T: int, S: int, B: int = 1, dtype=torch.float32):
+    """Inputs of one step with an empty cache and a causal new-token mask (for tracing)."""
+    ids = torch.zeros(B, T, dtype=torch.long)
+    pos = torch.arange(T).expand(B, T).contiguous()
+    past_mask = torch.zeros(B, S, dtype=torch.bool)
+    new_mask = torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T).contiguous()
+    kv = [torch.zeros(B, c.num_kv_heads, S, c.head_dim, dtype=dtype) for _ in range(2 * c.num_layers)]
+    return (ids, pos, past_mask, new_mask, kv)

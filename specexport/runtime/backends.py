@@ -1,0 +1,80 @@
+"""Backends: run one model's step graph. One small protocol, one ONNX Runtime implementation here.
+
+A Backend holds one model of a bundle (its graph loaded once: one copy of the weights in memory serves
+every profile) and runs `step` on exactly the T values the manifest declares. It owns no cache: the caller
+passes a RingKV, so one loaded model serves any number of concurrent generations.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import time
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..bundle import ModelEntry
+from .kv import RingKV
+
+
+class StepOut(NamedTuple):
+    logits: np.ndarray  # [T,V] float32
+    new_kv: np.ndarray  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens
+    run_s: float  # seconds inside the backend's run call
+
+
+class Backend(Protocol):
+    entry: ModelEntry
+
+    def new_cache(self) -> RingKV: ...
+
+    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None) -> StepOut: ...
+
+
+def _causal(T: int) -> np.ndarray:
+    return np.tril(np.ones((T, T), dtype=bool))[None]  # [B,T,T]
+
+
+class OrtBackend:
+    """One model on onnxruntime (CPU by default)."""
+
+    def __init__(self, root: Path, entry: ModelEntry, capacity: int, threads: int | None = None,
+                 providers: list | None = None):
+        import onnxruntime as ort
+
+        self.entry = entry
+        self.capacity = capacity
+        a = entry.arch
+        self.shape = (a["num_layers"], a["num_kv_heads"], capacity, a["head_dim"])
+        self.vocab = a["vocab_size"]
+        self.profile_ts = set(entry.profiles.values())
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1)
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(root / entry.graph), so,
+                                            providers=providers or ["CPUExecutionProvider"])
+        self.kv_names = [i["name"] for i in entry.inputs[4:]]
+        self._causal = {T: _causal(T) for T in self.profile_ts}
+
+    def new_cache(self) -> RingKV:
+        return RingKV(*self.shape)
+
+    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None) -> StepOut:
+        """Run T = len(ids) new tokens at positions start.. against `cache`.
+
+        The cache is read, never written: commit the rows you accept with cache.commit(new_kv, rows).
+        """
+        T = len(ids)
+        if T not in self.profile_ts:
+            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        feeds = {
+            "input_ids": np.asarray(ids, dtype=np.int64)[None],
+            "position_ids": np.arange(start, start + T, dtype=np.int64)[None],
+            "past_mask": cache.mask(),
+            "new_mask": self._causal[T] if new_mask is None else new_mask,
+        }
+        feeds.update(zip(self.kv_names, cache.views()))
+        t = time.perf_counter()
+        logits, new_kv = self.session.run(None, feeds)
+        return StepOut(logits[0], new_kv, time.perf_counter() - t)

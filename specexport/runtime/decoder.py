@@ -1,0 +1,171 @@
+"""The decode loop: propose -> verify -> accept -> commit, one small function each. Batch of one.
+
+Cache convention: the target's cache holds every committed token but the last; a step feeds
+[last committed, d1..dk] at positions N-1..N+k-1 (N = tokens so far) and row i of the logits predicts
+the token at position N+i. Accepting a drafts commits rows 0..a and emits a+1 tokens.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .backends import Backend
+from .drafters import ModelDrafter, NgramDrafter, feed
+from .sampling import SamplingParams, accept_rejection, gumbel_noise, probs, sample_from, warp
+
+DRAFTS = ("model", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 128
+    k: int = 4
+    draft: str = "model"  # model | ngram | none
+    sampling: SamplingParams = SamplingParams()
+    ngram: int = 3  # longest n-gram the ngram drafter matches
+
+    def __post_init__(self):
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
+        if self.draft not in DRAFTS:
+            raise ValueError(f"draft must be one of {', '.join(DRAFTS)}, got {self.draft!r}")
+        if not (isinstance(self.k, int) and self.k >= 1):
+            raise ValueError(f"k must be an integer >= 1, got {self.k}")
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # target calls after the prefill
+    proposed: int = 0
+    accepted: int = 0
+    hist: list = field(default_factory=list)  # hist[a] = steps that accepted a drafts
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # inside the draft model's run calls
+    verify_s: float = 0.0  # inside the target's run calls after the prefill
+    total_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target step (accepted drafts + 1)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def host_s(self) -> float:
+        return max(self.total_s - self.prefill_s - self.draft_s - self.verify_s, 0.0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s else 0.0
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(tau=self.tau, acceptance=self.acceptance, host_s=self.host_s, tokens_per_s=self.tokens_per_s)
+        return d
+
+
+class Picker:
+    """Chooses tokens for one generation: greedy argmax, Gumbel-max with per-position noise, or draws for
+    the rejection sampler. Noise is cached per position so draft and target see the same g_p."""
+
+    def __init__(self, sp: SamplingParams, vocab: int):
+        self.sp, self.vocab = sp, vocab
+        self.rng = np.random.default_rng(sp.seed)
+        self._noise: dict[int, np.ndarray] = {}
+
+    def noise(self, pos: int) -> np.ndarray:
+        g = self._noise.get(pos)
+        if g is None:
+            if len(self._noise) > 64:
+                self._noise.clear()
+            g = self._noise[pos] = gumbel_noise(self.sp.seed, pos, self.vocab)
+        return g
+
+    def target(self, logits: np.ndarray, pos: int) -> int:
+        if self.sp.greedy:
+            return int(np.argmax(logits))
+        if self.sp.sampler == "gumbel":
+            return int(np.argmax(warp(logits, self.sp) + self.noise(pos)))
+        return sample_from(probs(warp(logits, self.sp)), self.rng)
+
+    def draft(self, logits: np.ndarray, pos: int) -> tuple[int, np.ndarray | None]:
+        if self.sp.greedy or self.sp.sampler == "gumbel":
+            return self.target(logits, pos), None
+        q = probs(warp(logits, self.sp))
+        return sample_from(q, self.rng), q
+
+
+def accept(logits: np.ndarray, props: list[int], qs: list, pos0: int, pick: Picker) -> list[int]:
+    """Tokens to emit after verifying `props`: logits [>=m+1, V], row i predicts position pos0+i."""
+    out = []
+    for i, d in enumerate(props):
+        if pick.sp.greedy or pick.sp.sampler == "gumbel":
+            t = pick.target(logits[i], pos0 + i)  # the target's own token; the draft only saved time
+            out.append(t)
+            if t != d:
+                return out
+        else:
+            p = probs(warp(logits[i], pick.sp))
+            q = qs[i] if qs[i] is not None else np.eye(1, len(p), d)[0]  # ngram: a point mass
+            r = accept_rejection(p, q, d, pick.rng)
+            out.append(d if r is None else r)
+            if r is not None:
+                return out
+    out.append(pick.target(logits[len(props)], pos0 + len(props)))  # the bonus token
+    return out
+
+
+def check_finite(logits: np.ndarray, role: str) -> None:
+    if not np.isfinite(logits).all():
+        raise FloatingPointError(f"the {role} model produced NaN or inf logits; the bundle's graph or weights "
+                                 "are broken: rebuild it and check its parity report")
+
+
+def generate(target: Backend, drafter: ModelDrafter | NgramDrafter | None, prompt: list[int],
+             cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
+    """Yield the tokens accepted at each step (at most cfg.max_new_tokens in all). Stops on max tokens only;
+    the caller stops on EOS and stop strings by closing the generator."""
+    t0 = time.perf_counter()
+    verify_ts = {k: target.entry.profiles[f"verify_{k}"] for k in target.entry.verify_ks()}
+    pick = Picker(cfg.sampling, target.entry.arch["vocab_size"])
+    stats.prompt_tokens = len(prompt)
+    stats.hist = [0] * (cfg.k + 1)
+    cache = target.new_cache()
+    _, stats.prefill_s = feed(target, cache, prompt[:-1])
+    if drafter is not None:
+        drafter.start(prompt)
+        stats.prefill_s += drafter.run_s
+        drafter.run_s = 0.0
+    tokens = list(prompt)
+    while stats.new_tokens < cfg.max_new_tokens:
+        N = len(tokens)
+        k = min(cfg.k, cfg.max_new_tokens - stats.new_tokens - 1)
+        props, qs = drafter.propose(tokens, k, pick.draft) if drafter is not None and k > 0 else ([], [])
+        T = 1 if not props else next(t for t in sorted(verify_ts.values()) if t >= len(props) + 1)
+        out = target.step(cache, [tokens[-1]] + props + [0] * (T - 1 - len(props)), N - 1)
+        check_finite(out.logits[:len(props) + 1], "target")
+        emitted = accept(out.logits, props, qs, N, pick)
+        a = len(emitted) - 1
+        cache.commit(out.new_kv, range(a + 1))
+        if drafter is not None and props:
+            drafter.accepted(N, a, len(props))
+        tokens += emitted
+        stats.steps += 1
+        stats.proposed += len(props)
+        stats.accepted += a
+        stats.hist[a] += 1
+        stats.verify_s += out.run_s
+        stats.new_tokens += len(emitted)
+        if drafter is not None:
+            stats.draft_s += drafter.run_s
+            drafter.run_s = 0.0
+        stats.total_s = time.perf_counter() - t0
+        yield emitted

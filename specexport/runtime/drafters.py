@@ -1,0 +1,100 @@
+"""Drafters: who proposes the next k tokens. A drafter never decides what is emitted; the target does.
+
+- ModelDrafter: a draft model of the bundle (separate checkpoint, early-exit slice, int4/int8 copy),
+  with its own KV ring buffer; it catches up on the tokens it has not seen, then proposes k.
+- NgramDrafter: prompt lookup, no model: the continuation of the latest earlier occurrence of the
+  context's last n tokens.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .backends import Backend
+from .kv import RingKV
+
+# choose(logits_row [V], position) -> (token, q_row [V] or None)
+Choose = Callable[[np.ndarray, int], tuple[int, np.ndarray | None]]
+
+
+def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, float]:
+    """Run `ids` through `model` at positions cache.n.. in chunks of its profiles, committing every row.
+    A chunk shorter than every profile that fits it is padded; the pad rows are never committed.
+    -> (logits of the last id [V], seconds inside the backend)."""
+    sizes = sorted(set(model.entry.profiles.values()))
+    chunk_max = model.entry.profiles.get("prefill", sizes[-1])
+    spent, logits, i = 0.0, None, 0
+    while i < len(ids):
+        chunk = ids[i:i + chunk_max]
+        r = len(chunk)
+        T = next(t for t in sizes if t >= r)
+        out = model.step(cache, chunk + [0] * (T - r), cache.n)
+        cache.commit(out.new_kv, range(r))
+        logits, spent, i = out.logits[r - 1], spent + out.run_s, i + r
+    return logits, spent
+
+
+class ModelDrafter:
+    def __init__(self, model: Backend):
+        self.model = model
+        self.cache: RingKV | None = None
+        self.run_s = 0.0
+
+    def start(self, prompt: list[int]) -> None:
+        self.cache = self.model.new_cache()
+        _, s = feed(self.model, self.cache, prompt[:-1])
+        self.run_s = s
+
+    def propose(self, tokens: list[int], k: int, choose: Choose) -> tuple[list[int], list]:
+        N = len(tokens)
+        logits, s = feed(self.model, self.cache, tokens[self.cache.n:])  # catch up: usually 1 or 2 tokens
+        props, qs = [], []
+        for i in range(k):
+            d, q = choose(logits, N + i)
+            props.append(d)
+            qs.append(q)
+            if i + 1 < k:
+                out = self.model.step(self.cache, [d], self.cache.n)
+                self.cache.commit(out.new_kv, [0])
+                logits, s = out.logits[0], s + out.run_s
+        self.run_s += s
+        return props, qs
+
+    def accepted(self, n_before: int, a: int, k: int) -> None:
+        """Keep the draft's K/V whose inputs were committed: positions < n_before + min(a, k-1)."""
+        self.cache.truncate(min(self.cache.n, n_before + min(a, k - 1)))
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = max_n .. 1) and propose
+    what followed it."""
+
+    run_s = 0.0
+
+    def __init__(self, max_n: int = 3):
+        if max_n < 1:
+            raise ValueError("ngram size must be >= 1")
+        self.max_n = max_n
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, tokens: list[int], k: int, choose: Choose) -> tuple[list[int], list]:
+        arr = np.asarray(tokens)
+        L = len(arr)
+        for n in range(min(self.max_n, L - 1), 0, -1):
+            tail = arr[L - n:]
+            # windows arr[j:j+n] for j < L-n, latest first
+            win = np.lib.stride_tricks.sliding_window_view(arr[:L - 1], n)
+            hits = np.flatnonzero((win == tail).all(axis=1))
+            hits = hits[hits + n < L]
+            if len(hits):
+                j = hits[-1] + n
+                props = arr[j:j + k].tolist()
+                return props, [None] * len(props)
+        return [], []
+
+    def accepted(self, n_before: int, a: int, k: int) -> None:
+        pass
+

@@ -1,0 +1,50 @@
+"""KV ring buffer: one preallocated cache per model per generation; commit writes rows, rollback writes nothing.
+
+The token at absolute position p lives in slot p mod S. `n` is the committed length: positions [0, n) are
+in the cache (only the last S of them, for a sliding-window model). A step's new K/V come back from the
+graph as new_kv [L,2,B,Hkv,T,D]; `commit` copies the accepted rows into their slots and advances n.
+Rejected rows are never written, so rollback is simply committing fewer rows.
+Keys are stored already rotated at their absolute position, so wrap-around needs no re-rotation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class RingKV:
+    def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int, dtype=np.float32):
+        self.S = capacity
+        self.data = np.zeros((layers, 2, 1, kv_heads, capacity, head_dim), dtype=dtype)  # [L,2,B,Hkv,S,D]
+        self.n = 0
+        self._slot = np.arange(capacity)
+
+    def reset(self) -> None:
+        self.n = 0  # stale slots are masked out; nothing to clear
+
+    def views(self) -> list[np.ndarray]:
+        """past_key.0, past_value.0, past_key.1, ...: zero-copy [B,Hkv,S,D] views into the buffer."""
+        L = self.data.shape[0]
+        return [self.data[i, j] for i in range(L) for j in (0, 1)]
+
+    def mask(self) -> np.ndarray:
+        """past_mask [B,S]: slots holding one of the last min(n, S) committed positions."""
+        return (self._slot < self.n)[None] if self.n <= self.S else np.ones((1, self.S), dtype=bool)
+
+    def commit(self, new_kv: np.ndarray, rows, count: int | None = None) -> None:
+        """Write new_kv rows `rows` (indices into T) at positions n, n+1, ... and advance n by len(rows)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if count is not None:
+            rows = rows[:count]
+        m = len(rows)
+        if m == 0:
+            return
+        slots = (self.n + np.arange(m)) % self.S
+        # new_kv: [L,2,B,Hkv,T,D] -> the chosen rows into their ring slots
+        self.data[:, :, :, :, slots, :] = new_kv[:, :, :, :, rows, :]
+        self.n += m
+
+    def truncate(self, n: int) -> None:
+        """Forget committed positions >= n (their slots become free again)."""
+        if n > self.n:
+            raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
+        self.n = n

@@ -1,0 +1,135 @@
+"""Pipeline: a loaded bundle -> text in, text out. Tokenizer, chat template, stop rules, streaming.
+
+One Pipeline loads each model once and serves any number of generations, in a row or from several
+threads: every generation has its own caches, sampler state and stats. Imports neither torch nor
+transformers (tokenizers, jinja2, numpy, onnxruntime only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .. import bundle
+from .backends import OrtBackend
+from .decoder import DecodeConfig, Stats, generate
+from .drafters import ModelDrafter, NgramDrafter
+from .sampling import SamplingParams
+
+
+@dataclass
+class Generation:
+    text: str = ""
+    token_ids: list = field(default_factory=list)  # new tokens only (an EOS that ended it included)
+    prompt_ids: list = field(default_factory=list)
+    finish_reason: str = ""  # "eos" | "stop" | "length"
+    stats: Stats = field(default_factory=Stats)
+
+
+class Pipeline:
+    def __init__(self, path: str | Path, threads: int | None = None, verify: bool = True):
+        from tokenizers import Tokenizer
+
+        self.root = Path(path)
+        self.manifest = bundle.read(self.root, verify=verify)
+        m = self.manifest
+        self.target = OrtBackend(self.root, m.target, m.capacity, threads)
+        self.draft = OrtBackend(self.root, m.draft, m.capacity, threads) if m.draft else None
+        tk = m.tokenizer
+        self.tokenizer = Tokenizer.from_file(str(self.root / tk["file"]))
+        self.eos = set(tk["eos_token_ids"])
+
+    # ---- text <-> ids
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        """A string (plain, or a user turn when chat), a list of chat messages, or token ids."""
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) or chat:
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.tokenizer.encode(prompt).ids
+
+    def render_chat(self, messages: list[dict]) -> str:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        tk = self.manifest.tokenizer
+        if not tk.get("chat_template"):
+            raise ValueError("this bundle's tokenizer has no chat template: pass a plain prompt (no --chat)")
+
+        def raise_exception(msg):
+            raise ValueError(msg)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(tk["chat_template"]).render(
+            messages=messages, add_generation_prompt=True, **tk.get("special_tokens", {}))
+
+    # ---- generation
+    def config(self, max_new_tokens=128, k=None, draft=None, temperature=0.0, top_k=0, top_p=1.0, seed=0,
+               sampler="gumbel", ngram=3) -> DecodeConfig:
+        """Validate options against this bundle (before any work)."""
+        ks = self.target.entry.verify_ks()
+        if draft is None:
+            draft = "model" if self.draft else "ngram"
+        if draft == "model" and self.draft is None:
+            raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
+        k = k if k is not None else (4 if 4 in ks else ks[len(ks) // 2])
+        if draft != "none" and k not in ks:
+            raise ValueError(f"the bundle has verify profiles for k in {ks}, not k={k}: pick one of those or "
+                             f"rebuild with --k including {k}")
+        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, sampler=sampler)
+        return DecodeConfig(max_new_tokens=max_new_tokens, k=k, draft=draft, sampling=sp, ngram=ngram)
+
+    def stream(self, prompt, chat: bool = False, stop: tuple = (), result: Generation | None = None,
+               **opts) -> Iterator[str]:
+        """Yield text pieces as soon as they are accepted; `result` (if given) is filled as it goes."""
+        cfg = self.config(**opts)
+        ids = self.encode(prompt, chat)
+        g = result if result is not None else Generation()
+        g.prompt_ids, g.token_ids, g.text = ids, [], ""
+        S = self.manifest.capacity
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) + cfg.max_new_tokens > S:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
+                             f"bundle's capacity of {S} tokens: lower max_new_tokens or rebuild with "
+                             f"--capacity {len(ids) + cfg.max_new_tokens} or more")
+        drafter = {"model": lambda: ModelDrafter(self.draft), "ngram": lambda: NgramDrafter(cfg.ngram),
+                   "none": lambda: None}[cfg.draft]()
+        stops = tuple(s for s in stop if s)
+        hold = max((len(s) for s in stops), default=1) - 1  # keep back what could start a stop string
+        sent = 0
+        steps = generate(self.target, drafter, ids, cfg, g.stats)
+        g.finish_reason = "length"
+        for new in steps:
+            for t in new:
+                g.token_ids.append(t)
+                if t in self.eos:
+                    g.finish_reason = "eos"
+                    break
+            text = self.tokenizer.decode([t for t in g.token_ids if t not in self.eos])
+            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                text, g.finish_reason = text[:cut], "stop"
+            g.text = text
+            done = g.finish_reason != "length" or len(g.token_ids) >= cfg.max_new_tokens
+            end = len(text) if done else len(text) - hold
+            if text.endswith("\ufffd") and not done:  # a character split across tokens: wait for the rest
+                end = min(end, len(text) - 1)
+            if end > sent:
+                yield text[sent:end]
+                sent = end
+            if done:
+                steps.close()
+                break
+        g.token_ids = g.token_ids[:cfg.max_new_tokens]
+
+    def generate(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Generation:
+        g = Generation()
+        for _ in self.stream(prompt, chat=chat, stop=stop, result=g, **opts):
+            pass
+        return g
+
+
+def load(path: str | Path, threads: int | None = None, verify: bool = True) -> Pipeline:
+    return Pipeline(path, threads=threads, verify=verify)
