@@ -52,6 +52,7 @@ class Manifest:
     tokenizer: dict  # {"file", "eos_token_ids", "bos_token_id", "chat_template", "special_tokens"}
     files: dict  # file name -> sha256
     build: dict  # options the build ran with, timings
+    buckets: list = field(default_factory=list)  # S values the graphs run with (the last = capacity)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -80,6 +81,14 @@ class Manifest:
         return self.models.get("draft")
 
 
+def buckets_for(capacity: int, smallest: int = 32) -> list[int]:
+    """Capacity buckets: capacity, capacity/2, capacity/4, ... down to `smallest` slots."""
+    out = [capacity]
+    while out[-1] // 2 >= smallest:
+        out.append(out[-1] // 2)
+    return sorted(out)
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -98,6 +107,9 @@ def read(path: str | Path, verify: bool = True) -> Manifest:
         m = Manifest.from_dict(json.loads(mf.read_text()))
     except json.JSONDecodeError as e:
         raise BundleError(f"{mf} is not valid JSON ({e}): rebuild the bundle") from None
+    if not m.buckets or m.buckets[-1] != m.capacity:
+        raise BundleError(f"{mf} has capacity buckets {m.buckets} that do not end at its capacity {m.capacity}: "
+                          "rebuild the bundle")
     if "target" not in m.models:
         raise BundleError(f"{mf} names no target model: rebuild the bundle")
     for name, digest in m.files.items():

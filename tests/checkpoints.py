@@ -55,3 +55,18 @@ def make_checkpoint(path: Path, *, arch: str = "llama", layers: int = 2, hidden:
     model.eval().save_pretrained(path)
     char_tokenizer(chars).save_pretrained(path)
     return Path(path)
+
+
+def perturbed_copy(src: Path, dst: Path, noise: float, seed: int = 1) -> Path:
+    """A draft that agrees with `src` often but not always: the same model with Gaussian noise on its weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_pretrained(src)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * noise * p.std().clamp(min=1e-3))
+    m.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return Path(dst)

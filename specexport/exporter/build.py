@@ -125,16 +125,17 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
             log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits) ...")
             onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]))
         timings[f"{role}_export_s"] = round(time.perf_counter() - t, 1)
-        inputs, outputs = onnx.io_spec(gc, S)
+        inputs, outputs = onnx.io_spec(gc)
         entry = ModelEntry(role=role, kind=kind, source=src, arch=gc.summary(), graph=graph_file,
                            weights=graph_file + ".data", profiles=profiles, inputs=inputs, outputs=outputs,
                            parity={}, parity_tolerance=None if quant_of else cfg.tolerance)
         t = time.perf_counter()
         log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
-        rep = parity.check(hf, OrtBackend(root, entry, S), layers=layers)
+        rep = parity.check(hf, OrtBackend(root, entry, bundle.buckets_for(S)), layers=layers)
         timings[f"{role}_parity_s"] = round(time.perf_counter() - t, 1)
         for name, r in rep.items():
-            log(f"  {name:10s} T={profiles[name]:<4d} max|dlogit| {r['max_abs']:.2e}  top-1 agreement {r['top1']:.2f}")
+            log(f"  {name:16s} T={r['T']:<3d} S={r['S']:<5d} max|dlogit| {r['max_abs']:.2e}  "
+                f"top-1 agreement {r['top1']:.2f}")
         worst = max(r["max_abs"] for r in rep.values())
         if quant_of is None and not worst <= cfg.tolerance:
             raise ParityError(f"{role}: exported graph differs from transformers eager by {worst:.3g} > tolerance "
@@ -170,7 +171,8 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     timings["total_s"] = round(time.perf_counter() - t_start, 1)
     m = Manifest(
-        specexport_version=__version__, capacity=S, batch=1, models=entries, tokenizer=tok,
+        specexport_version=__version__, capacity=S, batch=1, buckets=bundle.buckets_for(S), models=entries,
+        tokenizer=tok,
         files={f: bundle.sha256(root / f) for f in files},
         build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S,
                "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
@@ -186,16 +188,15 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
 def summary(m: Manifest, root: Path | None = None) -> str:
     """A person's view of a manifest (`specexport inspect`)."""
     lines = [f"specexport bundle v{m.format_version} (specexport {m.specexport_version}), "
-             f"capacity {m.capacity}, batch {m.batch}, built {m.build.get('created', '?')}"]
+             f"capacity {m.capacity} (buckets {m.buckets}), batch {m.batch}, built {m.build.get('created', '?')}"]
     for role, e in m.models.items():
         a = e.arch
         lines.append(f"{role}: {e.kind} {e.source.get('name')} - {a['arch']} L={a['num_layers']} "
                      f"E={a['hidden_size']} H={a['num_heads']}/{a['num_kv_heads']} D={a['head_dim']} "
                      f"V={a['vocab_size']} rope={a['rope_type']}")
-        for name, T in e.profiles.items():
-            p = e.parity.get(name, {})
-            lines.append(f"  {name:10s} T={T:<4d} max|dlogit| {p.get('max_abs', float('nan')):.2e}  "
-                         f"top-1 {p.get('top1', float('nan')):.2f}")
+        for name, p in e.parity.items():
+            lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
+                         f"top-1 {p['top1']:.2f}")
     lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
                  f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
     if root is not None:

@@ -1,7 +1,9 @@
 """torch -> ONNX for one model, and weight-only quantisation of an exported graph.
 
-One ONNX file per model with a symbolic T (new tokens per step) and everything else static (B, S, L,
-Hkv, D, V). The build's profiles are the T values it checks and records; the runtime runs only those.
+One ONNX file per model with a symbolic T (new tokens per step) and a symbolic S (cache slots), everything
+else static (B, L, Hkv, D, V). The build's profiles are the T values it checks and records, its capacity
+buckets the S values; the runtime runs only those. Buckets let a short context attend over 256 slots
+instead of the full capacity (at S=2048 reading the whole cache costs SmolLM2 ~8 ms per step here).
 One graph per model is what lets every profile share ONE copy of the weights, on disk (one external-data
 file) and in memory (one onnxruntime session, one set of prepacked weights) -- and it maps directly onto
 TensorRT, where static profiles are optimisation profiles of a single engine.
@@ -17,8 +19,9 @@ from ..graphs.config import GraphConfig
 from ..graphs.llama import LlamaGraph, empty_inputs
 
 
-def io_spec(c: GraphConfig, S: int, B: int = 1) -> tuple[list, list]:
-    """Input and output names, shapes and dtypes ("T" marks the profile dimension)."""
+def io_spec(c: GraphConfig, B: int = 1) -> tuple[list, list]:
+    """Input and output names, shapes and dtypes ("T": new tokens of a profile, "S": a capacity bucket)."""
+    S = "S"
     kv = [B, c.num_kv_heads, S, c.head_dim]
     inputs = [
         {"name": "input_ids", "shape": [B, "T"], "dtype": "int64"},
@@ -35,12 +38,13 @@ def io_spec(c: GraphConfig, S: int, B: int = 1) -> tuple[list, list]:
 
 
 def export(graph: LlamaGraph, S: int, path: Path) -> None:
-    """Write `path` (graph) and `path`.data (weights) for a symbolic-T step graph with capacity S."""
+    """Write `path` (graph) and `path`.data (weights) for a step graph with symbolic T and S <= capacity S."""
     c = graph.c
-    inputs, outputs = io_spec(c, S)
+    inputs, outputs = io_spec(c)
     T = torch.export.Dim("T", min=1, max=S)
-    dynamic = {"input_ids": {1: T}, "position_ids": {1: T}, "past_mask": None, "new_mask": {1: T, 2: T},
-               "past_kv": [None] * (2 * c.num_layers)}
+    Sd = torch.export.Dim("S", min=2, max=max(S, 4))
+    dynamic = {"input_ids": {1: T}, "position_ids": {1: T}, "past_mask": {1: Sd}, "new_mask": {1: T, 2: T},
+               "past_kv": [{2: Sd}] * (2 * c.num_layers)}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(graph, empty_inputs(c, 2, S), str(path), dynamo=True, external_data=True,
@@ -57,10 +61,31 @@ def export(graph: LlamaGraph, S: int, path: Path) -> None:
 def quantize(src: Path, dst: Path, bits: int) -> None:
     """Weight-only int4/int8 copy of an exported graph: MatMul weights -> MatMulNBits (block 32, symmetric);
     activations stay float32. onnxruntime's own quantiser."""
+    import logging
+
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+
+    model = onnx.load(str(src))
+    fold_weight_transposes(model)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
     q.process()
     onnx.save_model(q.model.model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)
+
+
+def fold_weight_transposes(model) -> None:
+    """Replace Transpose(2-D initializer) by a transposed initializer, so that MatMuls fed by it (the tied
+    LM head: MatMul(x, Transpose(embed_tokens))) have a constant weight the quantiser can take."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    for node in list(g.node):
+        w = inits.get(node.input[0]) if node.op_type == "Transpose" else None
+        if w is None or len(w.dims) != 2:
+            continue
+        g.initializer.append(numpy_helper.from_array(numpy_helper.to_array(w).T.copy(), node.output[0]))
+        g.node.remove(node)

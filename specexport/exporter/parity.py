@@ -32,7 +32,8 @@ def eager_logits(hf, ids: list[int], layers: int | None = None) -> np.ndarray:
 
 
 def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0) -> dict:
-    """-> {profile: {"max_abs": float, "top1": agreement}} for every profile of `model`."""
+    """-> {profile: {"max_abs": float, "top1": agreement}} for every profile of `model`, each in the smallest
+    capacity bucket that fits, plus "decode@capacity": the decode profile with the cache at full capacity."""
     S = model.capacity
     V = model.entry.arch["vocab_size"]
     P = model.entry.profiles.get("prefill", 1)
@@ -41,11 +42,14 @@ def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0) -> di
     ids = np.random.default_rng(seed).integers(0, V, n_past + T_max).tolist()
     ref = eager_logits(hf, ids, layers)
     report = {}
-    for name, T in sorted(model.entry.profiles.items(), key=lambda x: x[1]):
+    runs = sorted(model.entry.profiles.items(), key=lambda x: x[1]) + [("decode@capacity", 1)]
+    for name, T in runs:
         cache = model.new_cache()
+        if name == "decode@capacity":
+            cache.reserve(S)
         feed(model, cache, ids[:n_past])
         out = model.step(cache, ids[n_past:n_past + T], n_past)
         want = ref[n_past:n_past + T]
-        report[name] = {"max_abs": float(np.abs(out.logits - want).max()),
+        report[name] = {"T": T, "S": cache.S, "max_abs": float(np.abs(out.logits - want).max()),
                         "top1": float((out.logits.argmax(-1) == want.argmax(-1)).mean())}
     return report

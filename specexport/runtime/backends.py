@@ -38,14 +38,15 @@ def _causal(T: int) -> np.ndarray:
 class OrtBackend:
     """One model on onnxruntime (CPU by default)."""
 
-    def __init__(self, root: Path, entry: ModelEntry, capacity: int, threads: int | None = None,
+    def __init__(self, root: Path, entry: ModelEntry, buckets: list, threads: int | None = None,
                  providers: list | None = None):
         import onnxruntime as ort
 
         self.entry = entry
-        self.capacity = capacity
+        self.buckets = sorted(buckets)
+        self.capacity = self.buckets[-1]
         a = entry.arch
-        self.shape = (a["num_layers"], a["num_kv_heads"], capacity, a["head_dim"])
+        self.shape = (a["num_layers"], a["num_kv_heads"], self.buckets, a["head_dim"])
         self.vocab = a["vocab_size"]
         self.profile_ts = set(entry.profiles.values())
         so = ort.SessionOptions()
@@ -68,6 +69,7 @@ class OrtBackend:
         T = len(ids)
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        cache.reserve(start + T)
         feeds = {
             "input_ids": np.asarray(ids, dtype=np.int64)[None],
             "position_ids": np.arange(start, start + T, dtype=np.int64)[None],

@@ -5,6 +5,9 @@ in the cache (only the last S of them, for a sliding-window model). A step's new
 graph as new_kv [L,2,B,Hkv,T,D]; `commit` copies the accepted rows into their slots and advances n.
 Rejected rows are never written, so rollback is simply committing fewer rows.
 Keys are stored already rotated at their absolute position, so wrap-around needs no re-rotation.
+
+Capacity buckets: the buffer starts at the smallest bucket and `reserve` moves it to the next bucket when
+the sequence outgrows it (one copy per growth, amortised), so attention reads O(context) slots, not S.
 """
 from __future__ import annotations
 
@@ -12,11 +15,21 @@ import numpy as np
 
 
 class RingKV:
-    def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int, dtype=np.float32):
-        self.S = capacity
-        self.data = np.zeros((layers, 2, 1, kv_heads, capacity, head_dim), dtype=dtype)  # [L,2,B,Hkv,S,D]
+    def __init__(self, layers: int, kv_heads: int, buckets, head_dim: int, dtype=np.float32):
+        self.buckets = sorted(buckets)
+        self.S = self.buckets[0]
+        self.data = np.zeros((layers, 2, 1, kv_heads, self.S, head_dim), dtype=dtype)  # [L,2,B,Hkv,S,D]
         self.n = 0
-        self._slot = np.arange(capacity)
+        self._slot = np.arange(self.S)
+
+    def reserve(self, n: int) -> None:
+        """Make room for positions [0, n): grow to the smallest bucket >= n (the largest, at most)."""
+        if n <= self.S or self.S == self.buckets[-1]:
+            return
+        S = next((b for b in self.buckets if b >= n), self.buckets[-1])
+        grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
+        grown[:, :, :, :, :self.S] = self.data  # positions < old S keep their slots (no wrap yet)
+        self.data, self.S, self._slot = grown, S, np.arange(S)
 
     def reset(self) -> None:
         self.n = 0  # stale slots are masked out; nothing to clear
@@ -38,6 +51,7 @@ class RingKV:
         m = len(rows)
         if m == 0:
             return
+        self.reserve(self.n + m)
         slots = (self.n + np.arange(m)) % self.S
         # new_kv: [L,2,B,Hkv,T,D] -> the chosen rows into their ring slots
         self.data[:, :, :, :, slots, :] = new_kv[:, :, :, :, rows, :]

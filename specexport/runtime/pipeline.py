@@ -33,8 +33,8 @@ class Pipeline:
         self.root = Path(path)
         self.manifest = bundle.read(self.root, verify=verify)
         m = self.manifest
-        self.target = OrtBackend(self.root, m.target, m.capacity, threads)
-        self.draft = OrtBackend(self.root, m.draft, m.capacity, threads) if m.draft else None
+        self.target = OrtBackend(self.root, m.target, m.buckets, threads)
+        self.draft = OrtBackend(self.root, m.draft, m.buckets, threads) if m.draft else None
         tk = m.tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.root / tk["file"]))
         self.eos = set(tk["eos_token_ids"])

@@ -1,0 +1,34 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from checkpoints import make_checkpoint, perturbed_copy  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory):
+    """Tiny random checkpoints: a 3-layer GQA target (peaky, so it repeats itself and drafts get accepted),
+    a noisy copy of it as draft, and a 1-layer unrelated draft."""
+    root = tmp_path_factory.mktemp("ckpt")
+    target = make_checkpoint(root / "target", layers=3, seed=0, logit_scale=4.0)
+    return {
+        "target": target,
+        "noisy": perturbed_copy(target, root / "noisy", noise=0.3),
+        "small": make_checkpoint(root / "small", layers=1, seed=5),
+    }
+
+
+def build_bundle(out, target, draft="none", ks=(1, 2, 4), capacity=96, chunk=8, **kw):
+    from specexport.exporter.build import BuildConfig, DraftSpec, build
+
+    cfg = BuildConfig(target=str(target), out=Path(out), draft=DraftSpec.parse(str(draft)), ks=tuple(ks),
+                      capacity=capacity, prefill_chunk=chunk, **kw)
+    build(cfg, log=lambda s: None)
+    return Path(out)
+
+
+@pytest.fixture(scope="session")
+def bundle_noisy(ckpts, tmp_path_factory):
+    return build_bundle(tmp_path_factory.mktemp("b") / "noisy", ckpts["target"], ckpts["noisy"])

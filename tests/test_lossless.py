@@ -1,0 +1,101 @@
+"""Lossless greedy decoding, rollback, reproducible sampling, concurrency: the runtime's core promises."""
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import specexport
+
+PROMPTS = ["hello world, hello world", "the cat sat on the mat. the cat", "abc abc abc", "Q: 12+7? A:",
+           "to be or not to be"]
+
+
+@pytest.fixture(scope="module")
+def pipe(bundle_noisy):
+    return specexport.load(bundle_noisy)
+
+
+def hf_greedy(ckpt, ids, n):
+    m = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager").eval()
+    with torch.no_grad():
+        x = torch.tensor([ids])  # an explicit mask: transformers would otherwise mask <unk> (= pad id 0)
+        out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_greedy_speculative_equals_plain_and_transformers(pipe, ckpts, k):
+    accepted = rejected = 0
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt)
+        want = hf_greedy(ckpts["target"], ids, 40)
+        plain = pipe.generate(prompt, max_new_tokens=40, draft="none")
+        spec = pipe.generate(prompt, max_new_tokens=40, draft="model", k=k)
+        ngram = pipe.generate(prompt, max_new_tokens=40, draft="ngram", k=k)
+        assert plain.token_ids == want
+        assert spec.token_ids == want
+        assert ngram.token_ids == want
+        accepted += spec.stats.accepted
+        rejected += spec.stats.proposed - spec.stats.accepted
+    assert accepted > 0 and rejected > 0, "the draft must be sometimes right and sometimes wrong"
+
+
+def test_rollback_continuation_equals_fresh_run(pipe):
+    """After rejections, the state equals a fresh run over the accepted text: continuing from the
+    speculative output gives exactly what a fresh generation over prompt + that output gives."""
+    ids = pipe.encode(PROMPTS[1])
+    first = pipe.generate(ids, max_new_tokens=20, draft="model", k=4)
+    assert first.stats.proposed > first.stats.accepted  # there were rejections
+    whole = pipe.generate(ids, max_new_tokens=35, draft="model", k=4)
+    cont = pipe.generate(ids + first.token_ids, max_new_tokens=15, draft="none")
+    assert whole.token_ids == first.token_ids + cont.token_ids
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_seeded_sampling_same_text_with_any_draft(pipe, seed):
+    opts = dict(max_new_tokens=30, temperature=0.9, top_p=0.95, top_k=40, seed=seed)
+    none = pipe.generate(PROMPTS[0], draft="none", **opts).token_ids
+    for draft, k in [("model", 1), ("model", 4), ("ngram", 2), ("ngram", 4)]:
+        assert pipe.generate(PROMPTS[0], draft=draft, k=k, **opts).token_ids == none, (draft, k)
+    other = pipe.generate(PROMPTS[0], draft="none", **{**opts, "seed": seed + 100}).token_ids
+    assert other != none  # the seed matters
+
+
+def test_concurrent_generations_match_sequential(pipe):
+    jobs = [(p, d) for p in PROMPTS for d in ("model", "ngram", "none")]
+    alone = {j: pipe.generate(j[0], max_new_tokens=25, draft=j[1], k=2).token_ids for j in jobs}
+    together = {}
+
+    def run(j):
+        together[j] = pipe.generate(j[0], max_new_tokens=25, draft=j[1], k=2).token_ids
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+
+
+def test_streaming_pieces_add_up_and_stop_strings(pipe):
+    from specexport.runtime import Generation
+
+    g = Generation()
+    pieces = list(pipe.stream(PROMPTS[2], max_new_tokens=30, draft="ngram", k=4, result=g))
+    assert "".join(pieces) == g.text and len(pieces) > 1
+    full = pipe.generate(PROMPTS[2], max_new_tokens=30, draft="ngram", k=4).text
+    stop = full[5:7]
+    cut = pipe.generate(PROMPTS[2], max_new_tokens=30, draft="ngram", k=4, stop=(stop,))
+    assert cut.finish_reason == "stop" and cut.text == full[:full.find(stop)]
+    assert "".join(pipe.stream(PROMPTS[2], max_new_tokens=30, draft="ngram", k=4, stop=(stop,))) == cut.text
+
+
+def test_chat_template_renders_like_transformers(pipe, ckpts):
+    from transformers import AutoTokenizer
+
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    want = AutoTokenizer.from_pretrained(ckpts["target"]).apply_chat_template(msgs, add_generation_prompt=True,
+                                                                              tokenize=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    assert pipe.encode(msgs) == list(want)
