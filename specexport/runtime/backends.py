@@ -53,6 +53,11 @@ class OrtBackend:
         so.intra_op_num_threads = threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1)
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if entry.role != "target":
+            # draft and target alternate many times a second and idle threads spinning for work steal the
+            # cores the other session needs; measured on SmolLM2 (docs/benchmarks.md): target spinning and
+            # draft not is fastest both for plain decoding and with the draft model
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
         self.kv_names = [i["name"] for i in entry.inputs[4:]]

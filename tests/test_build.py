@@ -1,0 +1,139 @@
+"""Build outputs and every refusal: a clear error, and nothing half-written left behind."""
+import json
+
+import pytest
+
+from checkpoints import make_checkpoint
+from conftest import build_bundle
+from specexport import bundle
+from specexport.cli import main
+from specexport.exporter.build import BuildConfig, DraftSpec, ParityError
+from specexport.exporter.models import ModelNotFound
+
+
+def leftovers(parent):
+    return [p.name for p in parent.iterdir() if p.name.startswith(".")]
+
+
+def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
+    m = bundle.read(bundle_noisy)
+    assert m.target.profiles == {"decode": 1, "prefill": 8, "verify_1": 2, "verify_2": 3, "verify_4": 5}
+    assert m.draft.profiles == {"decode": 1, "catchup": 2, "prefill": 8}
+    # one graph + one weights file per model, whatever the number of profiles
+    onnx_files = sorted(f for f in m.files if f.endswith(".onnx"))
+    assert onnx_files == ["draft.onnx", "target.onnx"]
+    ckpt_bytes = (ckpts["target"] / "model.safetensors").stat().st_size
+    assert (bundle_noisy / "target.onnx.data").stat().st_size <= 1.1 * ckpt_bytes
+    assert m.tokenizer["eos_token_ids"] == [2] and "<assistant>" in m.tokenizer["chat_template"]
+    names = [i["name"] for i in m.target.inputs]
+    assert names[:4] == ["input_ids", "position_ids", "past_mask", "new_mask"] and names[4] == "past_key.0"
+    assert m.target.inputs[3]["shape"] == [1, "T", "T"]  # the tree-mask input, causal by default
+
+
+@pytest.mark.parametrize("spec,kind", [("self:int8", "int8"), ("self:int4", "int4"), ("self:layers=2", "early-exit")])
+def test_derived_drafts(ckpts, tmp_path, spec, kind):
+    import specexport
+
+    out = build_bundle(tmp_path / "b", ckpts["target"], draft=spec, ks=(2,))
+    m = bundle.read(out)
+    assert m.draft.kind == kind
+    pipe = specexport.load(out)
+    plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
+    assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
+
+
+def test_existing_output_refused_without_force(bundle_noisy, ckpts):
+    before = (bundle_noisy / "manifest.json").read_text()
+    with pytest.raises(FileExistsError, match="--force"):
+        build_bundle(bundle_noisy, ckpts["target"])
+    assert (bundle_noisy / "manifest.json").read_text() == before
+
+
+def test_force_replaces(ckpts, tmp_path):
+    out = build_bundle(tmp_path / "b", ckpts["target"], ks=(2,))
+    build_bundle(out, ckpts["target"], ks=(3,), force=True)
+    assert bundle.read(out).target.verify_ks() == [3]
+    assert leftovers(tmp_path) == []
+
+
+def test_parity_failure_leaves_nothing(ckpts, tmp_path):
+    with pytest.raises(ParityError, match="tolerance"):
+        build_bundle(tmp_path / "b", ckpts["target"], tolerance=1e-12)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_build_leaves_nothing(ckpts, tmp_path):
+    from specexport.exporter.build import build
+
+    def interrupt(msg):
+        if "parity" in msg:
+            raise KeyboardInterrupt
+
+    cfg = BuildConfig(target=str(ckpts["target"]), out=tmp_path / "b", capacity=64, prefill_chunk=8)
+    with pytest.raises(KeyboardInterrupt):
+        build(cfg, log=interrupt)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(ks=(0,)), "k"), (dict(ks=(70,)), "does not fit"), (dict(capacity=4), "capacity"),
+    (dict(prefill_chunk=0), "prefill-chunk"), (dict(prefill_chunk=1000), "prefill-chunk"),
+    (dict(tolerance=0), "tolerance"),
+])
+def test_bad_options(kw, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        BuildConfig(**{"target": "x", "out": tmp_path / "b", "capacity": 64, **kw})
+
+
+@pytest.mark.parametrize("spec", ["self:layers=x", "self:int3", "self:"])
+def test_bad_draft_spec(spec):
+    with pytest.raises(ValueError, match="self:layers=N"):
+        DraftSpec.parse(spec)
+
+
+def test_missing_and_uncached_models(tmp_path):
+    with pytest.raises(ModelNotFound, match="neither a checkpoint directory"):
+        build_bundle(tmp_path / "b", tmp_path / "nope")
+    with pytest.raises(ModelNotFound, match="not in the local Hugging Face cache"):
+        build_bundle(tmp_path / "b", "llama-160m")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFound, match="config.json"):
+        build_bundle(tmp_path / "b", tmp_path / "empty")
+    assert not (tmp_path / "b").exists()
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="supported: LlamaForCausalLM"):
+        build_bundle(tmp_path / "b", tmp_path / "gpt2")
+    assert not (tmp_path / "b").exists()
+
+
+def test_draft_with_other_vocabulary_refused(ckpts, tmp_path):
+    other = make_checkpoint(tmp_path / "other", layers=1, chars="zyxwvutsrqponmlkjihgfedcba ")
+    with pytest.raises(ValueError, match="tokenizer"):
+        build_bundle(tmp_path / "b", ckpts["target"], draft=other)
+    small_vocab = make_checkpoint(tmp_path / "v64", layers=1, vocab=96)
+    with pytest.raises(ValueError, match="vocabulary size"):
+        build_bundle(tmp_path / "b", ckpts["target"], draft=small_vocab)
+    assert not (tmp_path / "b").exists()
+
+
+def test_cli_build_inspect_generate(ckpts, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["build", "--target", str(ckpts["target"]), "--draft", str(ckpts["noisy"]), "--k", "2,4",
+                 "--capacity", "64", "--prefill-chunk", "8", "--out", str(out)]) == 0
+    assert "verify_4" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    assert "decode@capacity" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["models"]["target"]["profiles"]["verify_2"] == 3
+    assert main(["generate", str(out), "--prompt", "hello", "--max-new-tokens", "8", "--stats", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(res["token_ids"]) <= 8 and res["stats"]["steps"] >= 1
+    assert main(["generate", str(out), "--prompt", "hello", "--k", "3"]) == 2
+    assert "verify profiles for k in [2, 4]" in capsys.readouterr().err
+    assert main(["build", "--target", str(ckpts["target"]), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
