@@ -55,7 +55,7 @@ def export(graph: LlamaGraph, S: int, path: Path) -> None:
         import onnx
         m = onnx.load(str(path))
         onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=produced.name, size_threshold=0)
+                        location=produced.name, size_threshold=1024)
 
 
 def quantize(src: Path, dst: Path, bits: int) -> None:

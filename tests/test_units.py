@@ -1,0 +1,105 @@
+"""Ring buffer with sentinel integers, manifest round-trip and refusals, sampler warps vs transformers."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specexport import bundle
+from specexport.runtime.kv import RingKV
+from specexport.runtime.sampling import SamplingParams, gumbel_noise, warp
+
+
+def kv_rows(T, start, L=2, H=1, D=2):
+    """new_kv [L,2,1,H,T,D] whose value at row t is the sentinel start + t."""
+    return np.broadcast_to((start + np.arange(T, dtype=np.float32))[None, None, None, None, :, None],
+                           (L, 2, 1, H, T, D)).copy()
+
+
+def test_ring_commit_rollback_and_growth():
+    c = RingKV(2, 1, [4, 8], 2)
+    assert c.S == 4
+    c.commit(kv_rows(3, 100), [0, 1, 2])
+    assert c.n == 3 and c.data[0, 0, 0, 0, :3, 0].tolist() == [100, 101, 102]
+    assert c.mask()[0].tolist() == [True, True, True, False]
+    c.commit(kv_rows(4, 200), [0, 2], count=1)  # accept row 0 only: rollback writes nothing else
+    assert c.n == 4 and c.data[1, 1, 0, 0, 3, 1] == 200
+    c.commit(kv_rows(2, 300), [0, 1])  # outgrows bucket 4 -> 8, old slots kept
+    assert c.S == 8 and c.data[0, 0, 0, 0, :6, 0].tolist() == [100, 101, 102, 200, 300, 301]
+    c.truncate(2)
+    assert c.mask()[0].tolist() == [True, True] + [False] * 6
+    c.commit(kv_rows(1, 400), [0])
+    assert c.data[0, 0, 0, 0, 2, 0] == 400 and c.n == 3
+    with pytest.raises(ValueError):
+        c.truncate(5)
+
+
+def test_ring_wraps_at_capacity():
+    c = RingKV(1, 1, [4], 1)
+    c.commit(kv_rows(4, 0, L=1, D=1), range(4))
+    c.commit(kv_rows(2, 10, L=1, D=1), range(2))  # positions 4, 5 -> slots 0, 1 (a sliding window)
+    assert c.data[0, 0, 0, 0, :, 0].tolist() == [10, 11, 2, 3] and c.mask().all()
+
+
+def test_manifest_round_trip_and_refusals(bundle_noisy, tmp_path):
+    m = bundle.read(bundle_noisy)
+    assert bundle.Manifest.from_dict(json.loads(m.to_json())) == m
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle_noisy, bad)
+    d = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**d, "format_version": 99}))
+    with pytest.raises(bundle.BundleError, match="rebuild"):
+        bundle.read(bad)
+    (bad / "manifest.json").write_text(json.dumps(d))
+    with open(bad / "target.onnx.data", "r+b") as f:  # one flipped byte
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(bundle.BundleError, match="target.onnx.data does not match its sha256"):
+        bundle.read(bad)
+    (bad / "target.onnx.data").unlink()
+    with pytest.raises(bundle.BundleError, match="missing"):
+        bundle.read(bad)
+    with pytest.raises(bundle.BundleError, match="no manifest.json"):
+        bundle.read(tmp_path)
+
+
+def test_bad_bundle_refused_at_load(bundle_noisy, tmp_path):
+    import specexport
+
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle_noisy, bad)
+    (bad / "tokenizer" / "tokenizer.json").write_text("{}")
+    with pytest.raises(bundle.BundleError, match="tokenizer"):
+        specexport.load(bad)
+
+
+@pytest.mark.parametrize("t,k,p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.9, 20, 0.9)])
+def test_warp_matches_transformers(t, k, p):
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    logits = np.random.default_rng(0).normal(size=128).astype(np.float32) * 3
+    procs = LogitsProcessorList([TemperatureLogitsWarper(t)] + ([TopKLogitsWarper(k)] if k else []) +
+                                ([TopPLogitsWarper(p)] if p < 1 else []))
+    want = torch.log_softmax(procs(None, torch.tensor(logits)[None].double())[0], -1).numpy()
+    got = warp(logits, SamplingParams(temperature=t, top_k=k, top_p=p))
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    keep = np.isfinite(want)
+    assert np.allclose(got[keep], want[keep], atol=1e-9)
+
+
+def test_gumbel_noise_depends_on_seed_and_position_only():
+    a = gumbel_noise(3, 10, 50)
+    assert np.array_equal(a, gumbel_noise(3, 10, 50))
+    assert not np.array_equal(a, gumbel_noise(3, 11, 50)) and not np.array_equal(a, gumbel_noise(4, 10, 50))
+
+
+@pytest.mark.parametrize("kw,match", [(dict(temperature=-1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+                                      (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k"),
+                                      (dict(sampler="beam"), "sampler"), (dict(seed=-1), "seed")])
+def test_bad_sampling_params(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kw)
