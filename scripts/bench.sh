@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Spec-Bench on this machine: set up, fetch + build SmolLM2 (bundle and onnxruntime-genai's own model), run
+# `specexport bench` with any extra arguments (e.g. --per-category 2 --methods hf,se-none).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+python -m pip install -q -e ".[build,test,bench]" 2>&1 | grep -v '^WARNING: Location' || true
+specexport fetch-smollm2 --out models/smollm2-135m
+[ -f bundles/smollm2/manifest.json ] || specexport build --target smollm2-135m --draft self:int4 --k 2,4,8 --out bundles/smollm2
+if [ ! -f models/ortgenai-smollm2-fp32/genai_config.json ]; then
+  HF_HUB_OFFLINE=1 python -m onnxruntime_genai.models.builder -i models/smollm2-135m -o models/ortgenai-smollm2-fp32 \
+    -p fp32 -e cpu --extra_options hf_token=false
+fi
+specexport bench bundles/smollm2 --questions "${SPECBENCH:-../shared/specbench/question.jsonl}" "$@"

@@ -1,0 +1,282 @@
+"""`specexport bench`: Spec-Bench on this machine, every method interleaved per question.
+
+Methods (comma-separated in --methods):
+  hf                transformers eager greedy generate of the target (the reference)
+  hf-pld            transformers prompt lookup decoding (prompt_lookup_num_tokens=10)
+  hf-assist-int8    transformers assisted generation, draft = dynamic-int8 copy of the target
+  ortgenai          onnxruntime-genai fp32, built offline from the same checkpoint
+  se-none           specexport plain decoding through the bundle's decode profile
+  se-ngram-kK       specexport with the prompt-lookup drafter, k = K
+  se-model-kK       specexport with the bundle's draft model, k = K
+Writes records.jsonl (one record per question x method), summary.md (Spec-Bench-style table) and
+speedup.png under --out. Imports torch/transformers only for the hf* methods.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_METHODS = "hf,hf-pld,ortgenai,se-none,se-ngram-k2,se-ngram-k4,se-model-k2,se-model-k4"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    bundle: str
+    questions: str
+    out: str = "bench_out"
+    per_category: int = 4
+    max_new_tokens: int = 128
+    methods: tuple = tuple(DEFAULT_METHODS.split(","))
+    threads: int = 2
+    ortgenai_model: str = "models/ortgenai-smollm2-fp32"
+
+    def __post_init__(self):
+        if self.per_category < 1 or self.max_new_tokens < 1:
+            raise ValueError("--per-category and --max-new-tokens must be >= 1")
+
+
+def read_bandwidth(threads: int, mib: int = 512) -> float:
+    """GB/s of a streaming read (numpy sum) with `threads` threads, median of 5."""
+    a = np.ones(mib * (1 << 20) // 8)
+    parts = np.array_split(a, threads)
+    runs = []
+    for _ in range(5):
+        ts = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+        t = time.perf_counter()
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        runs.append(a.nbytes / (time.perf_counter() - t) / 1e9)
+    return statistics.median(runs)
+
+
+class Methods:
+    """Each method: prompt ids -> (new token ids without EOS, seconds, stats dict)."""
+
+    def __init__(self, cfg: BenchConfig):
+        import specexport
+
+        self.cfg = cfg
+        self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
+        self.eos = self.pipe.eos
+        self._hf = self._assist = self._og = None
+
+    def strip(self, ids):
+        ids = list(ids)
+        return ids[:next((i for i, t in enumerate(ids) if t in self.eos), len(ids))]
+
+    def run(self, method: str, ids: list[int]):
+        n = self.cfg.max_new_tokens
+        if method.startswith("se-"):
+            _, draft, *k = method.split("-")
+            k = int(k[0][1:]) if k else 4
+            t = time.perf_counter()
+            g = self.pipe.generate(ids, max_new_tokens=n, draft=draft, k=k)
+            dt = time.perf_counter() - t
+            return self.strip(g.token_ids), dt, g.stats.to_dict()
+        if method.startswith("hf"):
+            return self._run_hf(method, ids, n)
+        if method == "ortgenai":
+            return self._run_og(ids, n)
+        raise ValueError(f"unknown method {method!r}")
+
+    def _run_hf(self, method, ids, n):
+        import torch
+
+        if self._hf is None:
+            from transformers import AutoModelForCausalLM
+
+            torch.set_num_threads(self.cfg.threads)
+            path = self.pipe.manifest.target.source["path"]
+            self._hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+        kw = {}
+        if method == "hf-pld":
+            kw = dict(prompt_lookup_num_tokens=10)
+        elif method == "hf-assist-int8":
+            if self._assist is None:
+                import copy
+
+                self._assist = torch.ao.quantization.quantize_dynamic(copy.deepcopy(self._hf), {torch.nn.Linear},
+                                                                      dtype=torch.qint8)
+            kw = dict(assistant_model=self._assist)
+        x = torch.tensor([ids])
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = self._hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, **kw)
+        dt = time.perf_counter() - t
+        return self.strip(out[0, len(ids):].tolist()), dt, {}
+
+    def _run_og(self, ids, n):
+        import onnxruntime_genai as og
+
+        if self._og is None:
+            self._og = og.Model(self.cfg.ortgenai_model)
+        t = time.perf_counter()
+        params = og.GeneratorParams(self._og)
+        params.set_search_options(max_length=len(ids) + n, do_sample=False)
+        gen = og.Generator(self._og, params)
+        gen.append_tokens(ids)
+        while not gen.is_done():
+            gen.generate_next_token()
+        seq = list(gen.get_sequence(0))[len(ids):]
+        dt = time.perf_counter() - t
+        return self.strip(seq), dt, {}
+
+
+def questions(path: str, per_category: int) -> list[dict]:
+    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    seen: dict = {}
+    picked = []
+    for r in rows:
+        if seen.get(r["category"], 0) < per_category:
+            seen[r["category"]] = seen.get(r["category"], 0) + 1
+            picked.append(r)
+    return picked
+
+
+def run(cfg: BenchConfig, log=print) -> list[dict]:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    m = Methods(cfg)
+    qs = questions(cfg.questions, cfg.per_category)
+    ref_method = cfg.methods[0]
+    log(f"{len(qs)} questions x {len(cfg.methods)} methods, {cfg.max_new_tokens} new tokens, reference {ref_method}")
+    warm = m.pipe.encode(qs[0]["turns"][0], chat=True)
+    for meth in cfg.methods:  # warm-up: load models, first-run allocations
+        m.run(meth, warm[:64])
+    records = []
+    with open(out / "records.jsonl", "w") as f:
+        for i, q in enumerate(qs):
+            ids = m.pipe.encode(q["turns"][0], chat=True)
+            ref = None
+            for meth in cfg.methods:
+                toks, dt, st = m.run(meth, ids)
+                ref = toks if ref is None else ref
+                r = {"question_id": q["question_id"], "category": q["category"], "method": meth,
+                     "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt,
+                     "tokens_per_s": len(toks) / dt, "identical": toks == ref,
+                     **{k: st[k] for k in ("tau", "acceptance", "hist", "steps", "draft_s", "verify_s",
+                                           "host_s", "prefill_s") if k in st}}
+                records.append(r)
+                f.write(json.dumps(r) + "\n")
+            log(f"[{i + 1}/{len(qs)}] {q['category']:15s} " + " ".join(
+                f"{r['method']}={r['tokens_per_s']:.1f}" for r in records[-len(cfg.methods):]))
+    return records
+
+
+def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = None) -> str:
+    meths = list(dict.fromkeys(r["method"] for r in records))
+    cats = list(dict.fromkeys(r["category"] for r in records))
+    ref = meths[0]
+
+    def tps(rs):  # tokens/s over the group: total tokens / total time
+        return sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+
+    def cell(meth, cat=None):
+        rs = [r for r in records if r["method"] == meth and (cat is None or r["category"] == cat)]
+        base = [r for r in records if r["method"] == ref and (cat is None or r["category"] == cat)]
+        tau = [r["tau"] for r in rs if "tau" in r]
+        return tps(rs), tps(rs) / tps(base), (statistics.mean(tau) if tau else None), all(r["identical"] for r in rs)
+
+    lines = [f"Speedup over `{ref}` (tokens/s ratio, totals per category) and mean accepted tokens per target "
+             f"step (tau); {len(records) // len(meths)} questions, {cfg.max_new_tokens} new tokens, greedy, "
+             f"batch 1, {cfg.threads} threads.", "",
+             "| method | " + " | ".join(cats) + " | overall | tokens/s | tau | identical |",
+             "|---|" + "---|" * (len(cats) + 4)]
+    for meth in meths:
+        row = [f"{cell(meth, c)[1]:.2f}x" for c in cats]
+        t, s, tau, same = cell(meth)
+        lines.append(f"| {meth} | " + " | ".join(row) + f" | **{s:.2f}x** | {t:.1f} | "
+                     f"{'' if tau is None else f'{tau:.2f}'} | {'yes' if same else 'NO'} |")
+    se = [r for r in records if r["method"].startswith("se-") and r.get("steps")]
+    if se:
+        lines += ["", "| method | ms per target step (inside ORT) | draft ms per step | host % of time | acceptance |",
+                  "|---|---|---|---|---|"]
+        for meth in [x for x in meths if x.startswith("se-")]:
+            rs = [r for r in se if r["method"] == meth]
+            steps = sum(r["steps"] for r in rs)
+            lines.append(f"| {meth} | {1e3 * sum(r['verify_s'] for r in rs) / steps:.1f} | "
+                         f"{1e3 * sum(r['draft_s'] for r in rs) / steps:.1f} | "
+                         f"{100 * sum(r['host_s'] for r in rs) / sum(r['seconds'] for r in rs):.1f}% | "
+                         f"{statistics.mean(r['acceptance'] for r in rs):.2f} |")
+    if bandwidth:
+        size = sum((Path(cfg.bundle) / f).stat().st_size for f in ("target.onnx.data",))
+        lines += ["", f"Memory floor: {size / 1e6:.0f} MB of target weights per decode step / {bandwidth:.1f} GB/s "
+                      f"(numpy read, {cfg.threads} threads) = {size / bandwidth / 1e6:.1f} ms per token."]
+    bad = [r for r in records if not r["identical"]]
+    if bad:
+        lines += ["", "Not token-identical to the reference: " + ", ".join(
+            f"{r['method']} on q{r['question_id']}" for r in bad)]
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meths = list(dict.fromkeys(r["method"] for r in records))
+    cats = list(dict.fromkeys(r["category"] for r in records))
+    ref = meths[0]
+
+    def sp(meth, cat):
+        a = [r for r in records if r["method"] == meth and r["category"] == cat]
+        b = [r for r in records if r["method"] == ref and r["category"] == cat]
+        return (sum(r["new_tokens"] for r in a) / sum(r["seconds"] for r in a)) / (
+            sum(r["new_tokens"] for r in b) / sum(r["seconds"] for r in b))
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1]})
+    w = 0.8 / len(meths)
+    for i, meth in enumerate(meths):
+        ax.bar(np.arange(len(cats)) + i * w, [sp(meth, c) for c in cats], w, label=meth)
+    ax.set_xticks(np.arange(len(cats)) + 0.4 - w / 2, cats, rotation=30, ha="right")
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.set_ylabel(f"speedup over {ref}")
+    ax.legend(fontsize=7, ncol=2)
+    for meth in [x for x in meths if x.startswith("se-") and x != "se-none"]:
+        hs = [r["hist"] for r in records if r["method"] == meth and r.get("hist")]
+        if hs:
+            h = np.sum([np.pad(x, (0, 9 - len(x))) for x in hs], axis=0)
+            ax2.plot(np.arange(len(h)), h / h.sum(), marker="o", label=meth)
+    ax2.set_xlabel("drafts accepted per step")
+    ax2.set_ylabel("fraction of steps")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="specexport bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle")
+    p.add_argument("--questions", default=os.environ.get("SPECBENCH", "../shared/specbench/question.jsonl"),
+                   help="Spec-Bench question.jsonl")
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--per-category", type=int, default=4, help="first N questions of each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated; the first is the reference")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ortgenai-model", default="models/ortgenai-smollm2-fp32",
+                   help="onnxruntime-genai model dir (scripts/bench.sh builds it)")
+    a = p.parse_args(argv)
+    cfg = BenchConfig(bundle=a.bundle, questions=a.questions, out=a.out, per_category=a.per_category,
+                      max_new_tokens=a.max_new_tokens, methods=tuple(a.methods.split(",")), threads=a.threads,
+                      ortgenai_model=a.ortgenai_model)
+    bw = read_bandwidth(cfg.threads)
+    records = run(cfg, log=lambda s: print(s, flush=True))
+    text = summarize(records, cfg, bw)
+    (Path(cfg.out) / "summary.md").write_text(text + "\n")
+    (Path(cfg.out) / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    plot(records, Path(cfg.out) / "speedup.png")
+    print(text)
+    return 0
