@@ -11,8 +11,8 @@ One forward = one step over T new tokens against a cache of S slots that the cal
            new_kv       float [L,2,B,Hkv,T,D]  K (rotated) and V of the T new tokens
 The graph never writes the cache: the runtime commits the accepted rows of new_kv into its ring buffer,
 so a rejected proposal costs nothing to roll back.
-Parameter names mirror transformers' (model.layers.N.self_attn.q_proj.weight, ...) so an HF state dict
-loads as it is. Nothing here imports transformers.
+Parameter names mirror transformers' (model.layers.N.input_layernorm.weight, ...) except that q/k/v and
+gate/up are stacked into one projection each (fewer, larger MatMuls); `build` does the stacking. Nothing here imports transformers.
 """
 from __future__ import annotations
 
@@ -29,55 +29,66 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        var = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(var + self.eps))
+        # written as x / sqrt(.) so onnxruntime fuses it into one SimplifiedLayerNormalization
+        return self.weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotation(D: int) -> torch.Tensor:
+    """R: [D,D] with x @ R == rotate_half(x) == cat(-x[D/2:], x[:D/2]): one tiny MatMul instead of four ops."""
+    h = D // 2
+    R = torch.zeros(D, D)
+    R[torch.arange(h) + h, torch.arange(h)] = -1.0
+    R[torch.arange(h), torch.arange(h) + h] = 1.0
+    return R
 
 
 class Attention(nn.Module):
+    """q/k/v in one projection (transformers' q_proj, k_proj, v_proj stacked by `build`)."""
+
     def __init__(self, c: GraphConfig):
         super().__init__()
         self.c = c
         h, kv, d = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, h * d, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(c.hidden_size, kv * d, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(c.hidden_size, kv * d, bias=c.qkv_bias)
+        self.qkv_proj = nn.Linear(c.hidden_size, (h + 2 * kv) * d, bias=c.qkv_bias)
         self.o_proj = nn.Linear(h * d, c.hidden_size, bias=c.o_bias)
 
-    def forward(self, x, cos, sin, past_k, past_v, bias_past, bias_new):
-        # x: [B,T,E]; cos/sin: [B,1,T,D]; past_k/v: [B,Hkv,S,D]; bias_past: [B,1,1,1,S]; bias_new: [B,1,1,T,T]
+    def forward(self, x, cos, sin, rot, past_k, past_v, bias_past, bias_new):
+        # x: [B,T,E]; cos/sin: [B,T,1,D]; rot: [D,D]; past_k/v: [B,Hkv,S,D];
+        # bias_past: [B,1,1,S]; bias_new: [B,1,G*T,T]
         c = self.c
         B, T, _ = x.shape
-        G = c.num_heads // c.num_kv_heads
-        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # [B,H,T,D]
-        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B,Hkv,T,D]
-        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        # GQA without repeating the cache: head h = kv * G + g, as transformers' repeat_kv orders them
-        q5 = q.view(B, c.num_kv_heads, G, T, c.head_dim) * (c.head_dim ** -0.5)  # [B,Hkv,G,T,D]
-        s_past = q5 @ past_k.unsqueeze(2).transpose(-1, -2) + bias_past  # [B,Hkv,G,T,S]
-        s_new = q5 @ k.unsqueeze(2).transpose(-1, -2) + bias_new  # [B,Hkv,G,T,T]
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        G = H // Hkv
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
+        qk = qkv[:, :, :H + Hkv]  # q and k heads rotated together: [B,T,H+Hkv,D]
+        qk = qk * cos + (qk @ rot) * sin
+        q = qk[:, :, :H].transpose(1, 2) * (D ** -0.5)  # [B,H,T,D]
+        k = qk[:, :, H:].transpose(1, 2)  # [B,Hkv,T,D]
+        v = qkv[:, :, H + Hkv:].transpose(1, 2)  # [B,Hkv,T,D]
+        # GQA without repeating the cache: head h = kv * G + g (transformers' repeat_kv order), so the G
+        # query heads of one KV head become G*T rows against that head's cache
+        q = q.reshape(B, Hkv, G * T, D)
+        s_past = q @ past_k.transpose(-1, -2) + bias_past  # [B,Hkv,G*T,S]
+        s_new = q @ k.transpose(-1, -2) + bias_new  # [B,Hkv,G*T,T]
         S = past_k.shape[2]
         p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
-        o = p[..., :S] @ past_v.unsqueeze(2) + p[..., S:] @ v.unsqueeze(2)  # [B,Hkv,G,T,D]
-        o = o.reshape(B, c.num_heads, T, c.head_dim).transpose(1, 2).reshape(B, T, -1)
+        o = p[..., :S] @ past_v + p[..., S:] @ v  # [B,Hkv,G*T,D]
+        o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(o), k, v
 
 
 class MLP(nn.Module):
+    """gate and up in one projection (stacked by `build`)."""
+
     def __init__(self, c: GraphConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.inter = c.intermediate_size
+        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gu = self.gate_up_proj(x)
+        return self.down_proj(nn.functional.silu(gu[..., :self.inter]) * gu[..., self.inter:])
 
 
 class Layer(nn.Module):
@@ -88,8 +99,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, past_k, past_v, bias_past, bias_new):
-        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, bias_past, bias_new)
+    def forward(self, x, cos, sin, rot, past_k, past_v, bias_past, bias_new):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, rot, past_k, past_v, bias_past, bias_new)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
@@ -114,29 +125,45 @@ class LlamaGraph(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", torch.tensor(c.inv_freq, dtype=torch.float32), persistent=False)
+        self.register_buffer("rot", rotation(c.head_dim), persistent=False)
 
     def forward(self, input_ids, position_ids, past_mask, new_mask, past_kv: list):
         c = self.c
         x = self.model.embed_tokens(input_ids)  # [B,T,E]
         freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B,T,D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * c.rope_scaling).unsqueeze(1)  # [B,1,T,D]
-        sin = (emb.sin() * c.rope_scaling).unsqueeze(1)
+        cos = (emb.cos() * c.rope_scaling).unsqueeze(2)  # [B,T,1,D]
+        sin = (emb.sin() * c.rope_scaling).unsqueeze(2)
         neg = torch.tensor(float("-inf"))
         zero = torch.tensor(0.0)
-        bias_past = torch.where(past_mask, zero, neg)[:, None, None, None, :]  # [B,1,1,1,S]
-        bias_new = torch.where(new_mask, zero, neg)[:, None, None, :, :]  # [B,1,1,T,T]
+        G = c.num_heads // c.num_kv_heads
+        bias_past = torch.where(past_mask, zero, neg)[:, None, None, :]  # [B,1,1,S]
+        bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None]  # [B,1,G*T,T], row g*T+t
         new_kv = []
         for i, layer in enumerate(self.model.layers):
-            x, k, v = layer(x, cos, sin, past_kv[2 * i], past_kv[2 * i + 1], bias_past, bias_new)
+            x, k, v = layer(x, cos, sin, self.rot, past_kv[2 * i], past_kv[2 * i + 1], bias_past, bias_new)
             new_kv.append(torch.stack([k, v]))
         logits = self.lm_head(self.model.norm(x)).float()
         return logits, torch.stack(new_kv)  # [B,T,V], [L,2,B,Hkv,T,D]
 
 
+def stack_projections(sd: dict, num_layers: int) -> dict:
+    """transformers' names -> ours: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj (concatenated)."""
+    sd = dict(sd)
+    for i in range(num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            if f"{a}q_proj.{kind}" in sd:
+                sd[f"{a}qkv_proj.{kind}"] = torch.cat([sd.pop(f"{a}{n}_proj.{kind}") for n in "qkv"])
+            if f"{m}gate_proj.{kind}" in sd:
+                sd[f"{m}gate_up_proj.{kind}"] = torch.cat([sd.pop(f"{m}{n}_proj.{kind}") for n in ("gate", "up")])
+    return sd
+
+
 def build(c: GraphConfig, state_dict: dict) -> LlamaGraph:
     """A LlamaGraph with the HF weights loaded (extra layers in state_dict are ignored for early exit)."""
     g = LlamaGraph(c)
+    state_dict = stack_projections(state_dict, c.num_layers)
     own = g.state_dict()
     missing = [k for k in own if k not in state_dict and not (k == "lm_head.weight" and c.tie_word_embeddings)]
     if missing:
