@@ -7,7 +7,7 @@ Methods (comma-separated in --methods):
   ortgenai          onnxruntime-genai fp32, built offline from the same checkpoint
   se-none           specexport plain decoding through the bundle's decode profile
   se-ngram-kK       specexport with the prompt-lookup drafter, k = K
-  se-model-kK       specexport with the bundle's draft model, k = K
+  se-model-kK       specexport with the bundle's draft model, k = K (kauto: adaptive k)
 Writes records.jsonl (one record per question x method), summary.md (Spec-Bench-style table) and
 speedup.png under --out. Imports torch/transformers only for the hf* methods.
 """
@@ -78,7 +78,7 @@ class Methods:
         n = self.cfg.max_new_tokens
         if method.startswith("se-"):
             _, draft, *k = method.split("-")
-            k = int(k[0][1:]) if k else 4
+            k = (k[0][1:] if k[0] == "kauto" else int(k[0][1:])) if k else 4
             t = time.perf_counter()
             g = self.pipe.generate(ids, max_new_tokens=n, draft=draft, k=k)
             dt = time.perf_counter() - t
@@ -209,7 +209,9 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
                          f"{100 * sum(r['host_s'] for r in rs) / sum(r['seconds'] for r in rs):.1f}% | "
                          f"{statistics.mean(r['acceptance'] for r in rs):.2f} |")
     if bandwidth:
-        size = sum((Path(cfg.bundle) / f).stat().st_size for f in ("target.onnx.data",))
+        from .bundle import read
+
+        size = (Path(cfg.bundle) / read(cfg.bundle, verify=False).target.weights).stat().st_size
         lines += ["", f"Memory floor: {size / 1e6:.0f} MB of target weights per decode step / {bandwidth:.1f} GB/s "
                       f"(numpy read, {cfg.threads} threads) = {size / bandwidth / 1e6:.1f} ms per token."]
     bad = [r for r in records if not r["identical"]]

@@ -21,7 +21,8 @@ def cmd_build(a) -> int:
     from .exporter.build import BuildConfig, DraftSpec, build, summary
 
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
-                      capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force)
+                      capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
+                      target_quant=a.quantize_target or "")
     m = build(cfg, log=lambda s: print(s, flush=True))
     print(summary(m, Path(a.out)))
     return 0
@@ -94,6 +95,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--capacity", type=int, default=2048, help="KV slots S: prompt + new tokens must fit")
     b.add_argument("--prefill-chunk", type=int, default=64, help="T of the prefill profile")
     b.add_argument("--tolerance", type=float, default=1e-3, help="max |logit difference| vs eager allowed")
+    b.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
+                   help="ship a weight-only quantised target (MatMulNBits); output is exact w.r.t. that target. "
+                   "The float32 graph is still parity-checked first")
     b.add_argument("--out", required=True, help="bundle directory to write")
     b.add_argument("--force", action="store_true", help="replace --out if it exists")
     b.set_defaults(fn=cmd_build)
@@ -113,7 +117,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", choices=["model", "ngram", "none"], default=None,
                    help="who proposes: the bundle's draft model, prompt lookup (ngram), or none = plain decoding "
                    "(default: model if the bundle has one, else ngram)")
-    g.add_argument("--k", type=int, default=None, help="draft length, one of the bundle's verify profiles (default 4)")
+    g.add_argument("--k", type=lambda x: x if x == "auto" else int(x), default=None,
+                   help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
+                   "from the running acceptance rate and measured step costs (0 = plain when drafting does not pay)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")

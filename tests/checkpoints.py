@@ -33,7 +33,8 @@ def make_checkpoint(path: Path, *, arch: str = "llama", layers: int = 2, hidden:
                     chars: str = CHARS, seed: int = 0, logit_scale: float = 1.0) -> Path:
     """Save a random Llama-family model + tokenizer to `path`. logit_scale > 1 makes its predictions peakier."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -42,6 +43,9 @@ def make_checkpoint(path: Path, *, arch: str = "llama", layers: int = 2, hidden:
     if arch == "qwen2":
         cfg = Qwen2Config(**common)
         model = Qwen2ForCausalLM(cfg)
+    elif arch == "mistral":
+        cfg = MistralConfig(**common, sliding_window=4096)
+        model = MistralForCausalLM(cfg)
     else:
         if rope_scaling:
             common["rope_parameters"] = {"rope_theta": 10000.0, **rope_scaling}

@@ -137,3 +137,18 @@ def test_cli_build_inspect_generate(ckpts, tmp_path, capsys):
     assert "verify profiles for k in [2, 4]" in capsys.readouterr().err
     assert main(["build", "--target", str(ckpts["target"]), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+
+
+def test_quantized_target(ckpts, tmp_path):
+    import specexport
+
+    out = build_bundle(tmp_path / "q", ckpts["target"], draft="self:layers=1", ks=(2,), target_quant="int8")
+    m = bundle.read(out)
+    assert m.target.kind == "int8" and m.target.graph == "target.int8.onnx"
+    assert all(r["max_abs"] < 1e-4 for r in m.target.notes["float32_graph_parity"].values())
+    assert not (out / "target.onnx").exists()
+    pipe = specexport.load(out)
+    plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
+    assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
+    with pytest.raises(ValueError, match="is the target itself"):
+        BuildConfig(target="x", out=tmp_path / "z", draft=DraftSpec("int8"), target_quant="int8")

@@ -24,7 +24,7 @@ def hf_greedy(ckpt, ids, n):
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 2, 4, "auto"])
 def test_greedy_speculative_equals_plain_and_transformers(pipe, ckpts, k):
     accepted = rejected = 0
     for prompt in PROMPTS:

@@ -15,6 +15,7 @@ VARIANTS = {
     "gqa-untied": dict(),
     "tied": dict(tie=True, kv_heads=4),
     "qwen2-bias": dict(arch="qwen2"),
+    "mistral": dict(arch="mistral"),
     "llama3-rope": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "linear-rope-mqa": dict(kv_heads=1, rope_scaling={"rope_type": "linear", "factor": 2.0}),

@@ -53,3 +53,16 @@ def test_greedy_lossless_on_specbench(smol):
             assert g.token_ids == want[:len(g.token_ids)] and (len(g.token_ids) == len(want)), (r["question_id"], draft)
             accepted += g.stats.accepted
     assert accepted > 0
+
+
+def test_streaming_multibyte_text(smol):
+    _, out = smol
+    pipe = specexport.load(out)
+    from specexport.runtime import Generation
+
+    g = Generation()
+    prompt = "Write the word 'thank you' in Chinese, Japanese and Korean, then three emoji."
+    pieces = list(pipe.stream(prompt, chat=True, max_new_tokens=48, draft="ngram", k=4, result=g))
+    assert "".join(pieces) == g.text
+    assert all("\ufffd" not in p for p in pieces)
+    assert any(ord(ch) > 0x2E80 for ch in g.text), g.text  # CJK or emoji really went through the stream

@@ -52,6 +52,7 @@ class BuildConfig:
     prefill_chunk: int = 64
     tolerance: float = 1e-3  # max |logit - eager logit|, float32
     force: bool = False
+    target_quant: str = ""  # "", "int4" or "int8": ship a weight-only quantised target (output exact w.r.t. it)
 
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
@@ -64,6 +65,11 @@ class BuildConfig:
         if not 1 <= self.prefill_chunk <= self.capacity:
             raise ValueError(f"--prefill-chunk must be between 1 and the capacity ({self.capacity}), "
                              f"got {self.prefill_chunk}")
+        if self.target_quant not in ("", "int4", "int8"):
+            raise ValueError(f"--quantize-target must be int4 or int8, got {self.target_quant!r}")
+        if self.target_quant and self.draft.kind == self.target_quant:
+            raise ValueError(f"a self:{self.target_quant} draft of an {self.target_quant} target is the target "
+                             "itself: use another draft (or --draft none and the ngram drafter)")
         if not self.tolerance > 0:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
 
@@ -115,9 +121,9 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         log(f"  loaded {name} from {path} ({time.perf_counter() - t:.1f} s)")
         return path, hf
 
-    def export_and_check(role, kind, src, hf, gc, profiles, layers=None, quant_of=None):
+    def export_and_check(role, kind, src, hf, gc, profiles, layers=None, quant_of=None, graph_file=None):
         t = time.perf_counter()
-        graph_file = f"{role}.onnx"
+        graph_file = graph_file or f"{role}.onnx"
         if quant_of is None:
             log(f"[{role}] exporting {gc.num_layers}-layer graph (T symbolic, S={S}) ...")
             onnx.export(llama.build(gc, hf.state_dict()), S, root / graph_file)
@@ -125,6 +131,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
             log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits) ...")
             onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]))
         timings[f"{role}_export_s"] = round(time.perf_counter() - t, 1)
+        log(f"  {timings[f'{role}_export_s']:.1f} s")
         inputs, outputs = onnx.io_spec(gc)
         entry = ModelEntry(role=role, kind=kind, source=src, arch=gc.summary(), graph=graph_file,
                            weights=graph_file + ".data", profiles=profiles, inputs=inputs, outputs=outputs,
@@ -133,6 +140,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
         rep = parity.check(hf, OrtBackend(root, entry, bundle.buckets_for(S)), layers=layers)
         timings[f"{role}_parity_s"] = round(time.perf_counter() - t, 1)
+        log(f"  {timings[f'{role}_parity_s']:.1f} s")
         for name, r in rep.items():
             log(f"  {name:16s} T={r['T']:<3d} S={r['S']:<5d} max|dlogit| {r['max_abs']:.2e}  "
                 f"top-1 agreement {r['top1']:.2f}")
@@ -166,6 +174,13 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
     elif d.kind in ("int4", "int8"):
         entries["draft"] = export_and_check("draft", d.kind, {"name": cfg.target, "quantised": d.kind},
                                             t_hf, t_gc, draft_profiles, quant_of="target")
+    if cfg.target_quant:  # after the drafts: a self:int4/int8 draft is cut from the float32 target graph
+        fp32 = entries["target"]
+        q = export_and_check("target", cfg.target_quant, {**fp32.source, "quantised": cfg.target_quant}, t_hf, t_gc,
+                             target_profiles, quant_of="target", graph_file=f"target.{cfg.target_quant}.onnx")
+        entries["target"] = dataclasses.replace(q, notes={"float32_graph_parity": fp32.parity})
+        (root / "target.onnx").unlink()
+        (root / "target.onnx.data").unlink()
     # ---- tokenizer, manifest
     tok = copy_tokenizer(t_path, root / "tokenizer", t_hf)
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
@@ -175,6 +190,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         tokenizer=tok,
         files={f: bundle.sha256(root / f) for f in files},
         build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S,
+               "target_quant": cfg.target_quant,
                "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "

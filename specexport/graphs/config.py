@@ -47,9 +47,12 @@ class GraphConfig:
         return GraphConfig(**d)
 
     def summary(self) -> dict:
-        d = dict(self.__dict__)
-        d.pop("inv_freq")
-        return d
+        """The manifest's `arch`: every field, so GraphConfig(**arch) rebuilds it (the torch backend does)."""
+        return {**self.__dict__, "inv_freq": list(self.inv_freq)}
+
+    @staticmethod
+    def from_summary(d: dict) -> "GraphConfig":
+        return GraphConfig(**{**d, "inv_freq": tuple(d["inv_freq"])})
 
 
 def from_hf(model) -> GraphConfig:

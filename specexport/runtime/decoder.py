@@ -26,6 +26,7 @@ class DecodeConfig:
     draft: str = "model"  # model | ngram | none
     sampling: SamplingParams = SamplingParams()
     ngram: int = 3  # longest n-gram the ngram drafter matches
+    adaptive: bool = False  # choose k per step among the built verify profiles (k is then the largest)
 
     def __post_init__(self):
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
@@ -123,6 +124,44 @@ def accept(logits: np.ndarray, props: list[int], qs: list, pos0: int, pick: Pick
     return out
 
 
+class KPolicy:
+    """Adaptive k: pick the draft length with the most expected tokens per second, from this generation's
+    running acceptance rate and measured step costs; k = 0 (plain decoding) when speculation does not pay.
+    With acceptance rate a, a step proposing k tokens emits E(k) = (1 - a^(k+1)) / (1 - a) tokens and costs
+    k * (draft time per token) + verify time at T = k+1. Every `probe` plain steps it speculates once with
+    the smallest k, so a stale estimate can recover."""
+
+    def __init__(self, ks: list[int], verify_ts: dict, probe: int = 8, decay: float = 0.9):
+        self.ks, self.verify_ts, self.probe, self.decay = ks, verify_ts, probe, decay
+        self.acc, self.prop = 1.0, 2.0  # prior: acceptance 0.5
+        self.draft_cost: float | None = None  # seconds per drafted token
+        self.step_cost: dict = {}  # T -> seconds per target call
+        self.plain_run = 0
+
+    def choose(self) -> int:
+        c1 = self.step_cost.get(1)
+        if c1 is None or self.draft_cost is None:
+            return self.ks[0] if self.draft_cost is None else 0  # measure a speculative and a plain step first
+        a = min(self.acc / self.prop, 0.999)
+        best, rate = 0, 1.0 / c1
+        for k in self.ks:
+            T = self.verify_ts[k]
+            cost = k * self.draft_cost + self.step_cost.get(T, c1 * (1 + 0.05 * (T - 1)))
+            r = (1 - a ** (k + 1)) / (1 - a) / cost
+            if r > rate:
+                best, rate = k, r
+        self.plain_run = self.plain_run + 1 if best == 0 else 0
+        return self.ks[0] if self.plain_run > self.probe else best
+
+    def update(self, proposed: int, accepted: int, T: int, verify_s: float, draft_s: float) -> None:
+        ema = lambda old, new: new if old is None else 0.8 * old + 0.2 * new  # noqa: E731
+        self.step_cost[T] = ema(self.step_cost.get(T), verify_s)
+        if proposed:
+            self.acc, self.prop = self.decay * self.acc + accepted, self.decay * self.prop + proposed
+            self.draft_cost = ema(self.draft_cost, draft_s / proposed)
+            self.plain_run = 0
+
+
 def check_finite(logits: np.ndarray, role: str) -> None:
     if not np.isfinite(logits).all():
         raise FloatingPointError(f"the {role} model produced NaN or inf logits; the bundle's graph or weights "
@@ -145,9 +184,10 @@ def generate(target: Backend, drafter: ModelDrafter | NgramDrafter | None, promp
         stats.prefill_s += drafter.run_s
         drafter.run_s = 0.0
     tokens = list(prompt)
+    policy = KPolicy(sorted(verify_ts), verify_ts) if cfg.adaptive and drafter is not None else None
     while stats.new_tokens < cfg.max_new_tokens:
         N = len(tokens)
-        k = min(cfg.k, cfg.max_new_tokens - stats.new_tokens - 1)
+        k = min(policy.choose() if policy else cfg.k, cfg.max_new_tokens - stats.new_tokens - 1)
         props, qs = drafter.propose(tokens, k, pick.draft) if drafter is not None and k > 0 else ([], [])
         T = 1 if not props else next(t for t in sorted(verify_ts.values()) if t >= len(props) + 1)
         out = target.step(cache, [tokens[-1]] + props + [0] * (T - 1 - len(props)), N - 1)
@@ -164,6 +204,8 @@ def generate(target: Backend, drafter: ModelDrafter | NgramDrafter | None, promp
         stats.hist[a] += 1
         stats.verify_s += out.run_s
         stats.new_tokens += len(emitted)
+        if policy is not None:
+            policy.update(len(props), a, T, out.run_s, drafter.run_s)
         if drafter is not None:
             stats.draft_s += drafter.run_s
             drafter.run_s = 0.0

@@ -18,7 +18,7 @@ class RingKV:
     def __init__(self, layers: int, kv_heads: int, buckets, head_dim: int, dtype=np.float32):
         self.buckets = sorted(buckets)
         self.S = self.buckets[0]
-        self.data = np.zeros((layers, 2, 1, kv_heads, self.S, head_dim), dtype=dtype)  # [L,2,B,Hkv,S,D]
+        self.data = self._zeros((layers, 2, 1, kv_heads, self.S, head_dim), dtype)  # [L,2,B,Hkv,S,D]
         self.n = 0
         self._slot = np.arange(self.S)
 
@@ -27,9 +27,18 @@ class RingKV:
         if n <= self.S or self.S == self.buckets[-1]:
             return
         S = next((b for b in self.buckets if b >= n), self.buckets[-1])
-        grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
+        grown = self._zeros(tuple(self.data.shape[:4]) + (S, self.data.shape[5]), self.data.dtype)
         grown[:, :, :, :, :self.S] = self.data  # positions < old S keep their slots (no wrap yet)
         self.data, self.S, self._slot = grown, S, np.arange(S)
+
+    # array backend: numpy here; a device backend overrides these two (see torch_backend.TorchRingKV)
+    @staticmethod
+    def _zeros(shape, dtype):
+        return np.zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def _index(idx: np.ndarray):
+        return idx
 
     def reset(self) -> None:
         self.n = 0  # stale slots are masked out; nothing to clear
@@ -54,7 +63,7 @@ class RingKV:
         self.reserve(self.n + m)
         slots = (self.n + np.arange(m)) % self.S
         # new_kv: [L,2,B,Hkv,T,D] -> the chosen rows into their ring slots
-        self.data[:, :, :, :, slots, :] = new_kv[:, :, :, :, rows, :]
+        self.data[:, :, :, :, self._index(slots), :] = new_kv[:, :, :, :, self._index(rows), :]
         self.n += m
 
     def truncate(self, n: int) -> None:

@@ -27,14 +27,25 @@ class Generation:
 
 
 class Pipeline:
-    def __init__(self, path: str | Path, threads: int | None = None, verify: bool = True):
+    def __init__(self, path: str | Path, threads: int | None = None, verify: bool = True,
+                 backend: str = "onnxruntime", device: str = "cpu"):
         from tokenizers import Tokenizer
 
         self.root = Path(path)
         self.manifest = bundle.read(self.root, verify=verify)
         m = self.manifest
-        self.target = OrtBackend(self.root, m.target, m.buckets, threads)
-        self.draft = OrtBackend(self.root, m.draft, m.buckets, threads) if m.draft else None
+        if backend == "onnxruntime":
+            def make(e):
+                return OrtBackend(self.root, e, m.buckets, threads)
+        elif backend == "torch":  # optional reference / GPU path: the only place torch may be imported
+            from .torch_backend import TorchBackend
+
+            def make(e):
+                return TorchBackend(self.root, e, m.buckets, device=device)
+        else:
+            raise ValueError(f"backend must be onnxruntime or torch, got {backend!r}")
+        self.target = make(m.target)
+        self.draft = make(m.draft) if m.draft else None
         tk = m.tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.root / tk["file"]))
         self.eos = set(tk["eos_token_ids"])
@@ -73,12 +84,14 @@ class Pipeline:
             draft = "model" if self.draft else "ngram"
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
-        k = k if k is not None else (4 if 4 in ks else ks[len(ks) // 2])
+        adaptive = k == "auto"
+        k = max(ks) if adaptive else k if k is not None else (4 if 4 in ks else ks[len(ks) // 2])
         if draft != "none" and k not in ks:
             raise ValueError(f"the bundle has verify profiles for k in {ks}, not k={k}: pick one of those or "
                              f"rebuild with --k including {k}")
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, sampler=sampler)
-        return DecodeConfig(max_new_tokens=max_new_tokens, k=k, draft=draft, sampling=sp, ngram=ngram)
+        return DecodeConfig(max_new_tokens=max_new_tokens, k=k, draft=draft, sampling=sp, ngram=ngram,
+                            adaptive=adaptive)
 
     def stream(self, prompt, chat: bool = False, stop: tuple = (), result: Generation | None = None,
                **opts) -> Iterator[str]:
@@ -131,5 +144,6 @@ class Pipeline:
         return g
 
 
-def load(path: str | Path, threads: int | None = None, verify: bool = True) -> Pipeline:
-    return Pipeline(path, threads=threads, verify=verify)
+def load(path: str | Path, threads: int | None = None, verify: bool = True, backend: str = "onnxruntime",
+         device: str = "cpu") -> Pipeline:
+    return Pipeline(path, threads=threads, verify=verify, backend=backend, device=device)

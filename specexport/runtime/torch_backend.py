@@ -1,0 +1,111 @@
+"""Torch backend: the graphs/ modules run eagerly in torch (CPU or CUDA), the KV ring buffer kept on the
+device, and on CUDA each (profile T, bucket S) step captured once in a torch.cuda.CUDAGraph and replayed.
+
+Optional: imported only when asked for (`specexport.load(..., backend="torch")`); the ONNX Runtime path
+never imports torch. Needs the model's float32 checkpoint (the manifest's source path, safetensors), so it
+serves checkpoint and early-exit models, not the int4/int8 ones (those exist only as ONNX graphs).
+The CUDA-graph path has not run on a GPU yet (docs/benchmarks.md says where each backend was verified).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..bundle import ModelEntry
+from ..graphs.config import GraphConfig
+from ..graphs.llama import build
+from .backends import StepOut
+from .kv import RingKV
+
+
+class TorchRingKV(RingKV):
+    """RingKV whose buffer is a torch tensor on `device`: commit is an on-device indexed copy."""
+
+    device = "cpu"
+
+    def _zeros(self, shape, dtype):
+        return torch.zeros(shape, dtype=torch.float32, device=self.device)
+
+    def _index(self, idx):
+        return torch.as_tensor(np.asarray(idx), device=self.device)
+
+
+def load_state_dict(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"the torch backend needs the float32 checkpoint at {path} (safetensors); it is not there")
+    sd = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    return sd
+
+
+class TorchBackend:
+    def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cpu",
+                 cuda_graphs: bool | None = None):
+        if entry.kind not in ("checkpoint", "early-exit"):
+            raise ValueError(f"the torch backend cannot run the {entry.kind} {entry.role} (ONNX-only); use the "
+                             "onnxruntime backend, or a bundle whose draft is a checkpoint or self:layers=N")
+        self.entry, self.device = entry, torch.device(device)
+        self.buckets = sorted(buckets)
+        self.capacity = self.buckets[-1]
+        self.profile_ts = set(entry.profiles.values())
+        c = GraphConfig.from_summary(entry.arch)
+        src = entry.source.get("path")
+        self.graph = build(c, load_state_dict(Path(src))).to(self.device)
+        self.shape = (c.num_layers, c.num_kv_heads, self.buckets, c.head_dim)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self._graphs: dict = {}  # (T, S, cache buffer address) -> (graph, static inputs, static outputs)
+
+    def new_cache(self) -> TorchRingKV:
+        cache = TorchRingKV.__new__(TorchRingKV)
+        cache.device = self.device
+        RingKV.__init__(cache, *self.shape)
+        return cache
+
+    def _inputs(self, cache, ids, start, new_mask):
+        T = len(ids)
+        dev = self.device
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))[None] if new_mask is None else torch.as_tensor(new_mask)
+        return (torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(dev),
+                torch.arange(start, start + T, dtype=torch.long)[None].to(dev),
+                torch.as_tensor(cache.mask()).to(dev), mask.to(dev), cache.views())
+
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None) -> StepOut:
+        T = len(ids)
+        if T not in self.profile_ts:
+            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        cache.reserve(start + T)
+        t = time.perf_counter()
+        x = self._inputs(cache, ids, start, new_mask)
+        with torch.no_grad():
+            if self.cuda_graphs:
+                logits, new_kv = self._replay(cache, T, x)
+            else:
+                logits, new_kv = self.graph(*x)
+            out = logits[0].float().cpu().numpy()  # the one device-to-host copy of a step
+        return StepOut(out, new_kv, time.perf_counter() - t)
+
+    def _replay(self, cache, T, x):
+        key = (T, cache.S, cache.data.data_ptr())
+        if key not in self._graphs:
+            static = [a.clone() for a in x[:4]]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # warm up outside the capture, as torch.cuda.graphs asks
+                self.graph(*static, x[4])
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                outs = self.graph(*static, x[4])
+            self._graphs[key] = (g, static, outs)
+        g, static, outs = self._graphs[key]
+        for dst, src in zip(static, x[:4]):
+            dst.copy_(src)
+        g.replay()
+        return outs[0], outs[1].clone()

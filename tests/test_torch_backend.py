@@ -1,0 +1,40 @@
+"""The torch backend (graphs/ modules, device-resident ring buffer) gives the ONNX Runtime backend's tokens.
+CUDA-graph capture and replay need a GPU: those tests are marked gpu and skipped, with a reason, without one."""
+import pytest
+import torch
+
+import specexport
+
+PROMPTS = ["hello world, hello world", "the cat sat on the mat. the cat"]
+
+
+def test_torch_backend_matches_onnxruntime(bundle_noisy):
+    ort_pipe = specexport.load(bundle_noisy)
+    torch_pipe = specexport.load(bundle_noisy, backend="torch")
+    for p in PROMPTS:
+        for draft, k in [("none", 4), ("model", 2), ("ngram", 4)]:
+            a = ort_pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids
+            assert torch_pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == a, (p, draft)
+    g = torch_pipe.generate(PROMPTS[0], max_new_tokens=30, temperature=0.8, seed=3, draft="model", k=2)
+    assert g.token_ids == ort_pipe.generate(PROMPTS[0], max_new_tokens=30, temperature=0.8, seed=3, draft="none").token_ids
+
+
+def test_torch_backend_refuses_onnx_only_models(ckpts, tmp_path):
+    from conftest import build_bundle
+
+    out = build_bundle(tmp_path / "b", ckpts["target"], draft="self:int8", ks=(2,))
+    with pytest.raises(ValueError, match="cannot run the int8 draft"):
+        specexport.load(out, backend="torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_graph_replay_matches_eager_and_cpu(bundle_noisy):
+    cpu = specexport.load(bundle_noisy)
+    eager = specexport.load(bundle_noisy, backend="torch", device="cuda")
+    eager.target.cuda_graphs = eager.draft.cuda_graphs = False
+    graphs = specexport.load(bundle_noisy, backend="torch", device="cuda")
+    for p in PROMPTS:
+        want = cpu.generate(p, max_new_tokens=30, draft="none").token_ids
+        assert eager.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want
+        assert graphs.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want
