@@ -58,9 +58,10 @@ def export(graph: LlamaGraph, S: int, path: Path) -> None:
                         location=produced.name, size_threshold=1024)
 
 
-def quantize(src: Path, dst: Path, bits: int) -> None:
-    """Weight-only int4/int8 copy of an exported graph: MatMul weights -> MatMulNBits (block 32, symmetric);
-    activations stay float32. onnxruntime's own quantiser."""
+def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:
+    """Weight-only int4/int8 copy of an exported graph: MatMul weights -> MatMulNBits (block 32, symmetric).
+    accuracy_level 4 computes with int8-quantised activations (fastest); 1 computes in float32.
+    onnxruntime's own quantiser."""
     import logging
 
     import onnx
@@ -70,7 +71,8 @@ def quantize(src: Path, dst: Path, bits: int) -> None:
 
     model = onnx.load(str(src))
     fold_weight_transposes(model)
-    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True,
+                             accuracy_level=accuracy_level)
     q.process()
     onnx.save_model(q.model.model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)
