@@ -152,3 +152,22 @@ def test_quantized_target(ckpts, tmp_path):
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
     with pytest.raises(ValueError, match="is the target itself"):
         BuildConfig(target="x", out=tmp_path / "z", draft=DraftSpec("int8"), target_quant="int8")
+
+
+def test_short_name_resolves_from_local_hf_cache(ckpts, tmp_path, monkeypatch):
+    """`--draft llama-68m` finds JackFram/llama-68m in the local Hugging Face cache (no network)."""
+    import shutil
+
+    from specexport.exporter.models import resolve
+
+    snap = tmp_path / "hub" / "models--JackFram--llama-68m" / "snapshots" / ("a" * 40)
+    shutil.copytree(ckpts["small"], snap)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve("llama-68m") == snap
+    assert resolve("JackFram/llama-68m") == snap
