@@ -131,8 +131,9 @@ class KPolicy:
     k * (draft time per token) + verify time at T = k+1. Every `probe` plain steps it speculates once with
     the smallest k, so a stale estimate can recover."""
 
-    def __init__(self, ks: list[int], verify_ts: dict, probe: int = 8, decay: float = 0.9):
+    def __init__(self, ks: list[int], verify_ts: dict, allow_plain: bool = True, probe: int = 8, decay: float = 0.9):
         self.ks, self.verify_ts, self.probe, self.decay = ks, verify_ts, probe, decay
+        self.allow_plain = allow_plain  # a draft model that skips steps must catch up later: never plain
         self.acc, self.prop = 1.0, 2.0  # prior: acceptance 0.5
         self.draft_cost: float | None = None  # seconds per drafted token
         self.step_cost: dict = {}  # T -> seconds per target call
@@ -140,10 +141,11 @@ class KPolicy:
 
     def choose(self) -> int:
         c1 = self.step_cost.get(1)
-        if c1 is None or self.draft_cost is None:
+        if self.draft_cost is None or (c1 is None and self.allow_plain):
             return self.ks[0] if self.draft_cost is None else 0  # measure a speculative and a plain step first
+        c1 = c1 or min(self.step_cost.values())  # no plain step measured: the cheapest verify bounds it
         a = min(self.acc / self.prop, 0.999)
-        best, rate = 0, 1.0 / c1
+        best, rate = (0, 1.0 / c1) if self.allow_plain else (self.ks[0], 0.0)
         for k in self.ks:
             T = self.verify_ts[k]
             cost = k * self.draft_cost + self.step_cost.get(T, c1 * (1 + 0.05 * (T - 1)))
@@ -184,7 +186,8 @@ def generate(target: Backend, drafter: ModelDrafter | NgramDrafter | None, promp
         stats.prefill_s += drafter.run_s
         drafter.run_s = 0.0
     tokens = list(prompt)
-    policy = KPolicy(sorted(verify_ts), verify_ts) if cfg.adaptive and drafter is not None else None
+    policy = (KPolicy(sorted(verify_ts), verify_ts, allow_plain=isinstance(drafter, NgramDrafter))
+              if cfg.adaptive and drafter is not None else None)
     while stats.new_tokens < cfg.max_new_tokens:
         N = len(tokens)
         k = min(policy.choose() if policy else cfg.k, cfg.max_new_tokens - stats.new_tokens - 1)

@@ -20,15 +20,18 @@ Choose = Callable[[np.ndarray, int], tuple[int, np.ndarray | None]]
 
 def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, float]:
     """Run `ids` through `model` at positions cache.n.. in chunks of its profiles, committing every row.
-    A chunk shorter than every profile that fits it is padded; the pad rows are never committed.
+    A remainder is padded up to the next profile when that wastes at most half of the call, else split
+    into the largest profiles that fit; pad rows are never committed.
     -> (logits of the last id [V], seconds inside the backend)."""
     sizes = sorted(set(model.entry.profiles.values()))
     chunk_max = model.entry.profiles.get("prefill", sizes[-1])
     spent, logits, i = 0.0, None, 0
     while i < len(ids):
-        chunk = ids[i:i + chunk_max]
-        r = len(chunk)
+        r = min(len(ids) - i, chunk_max)
         T = next(t for t in sizes if t >= r)
+        if T > 2 * r:  # padding would waste over half the call: run the largest profile that fits instead
+            T = r = max(t for t in sizes if t <= r)
+        chunk = ids[i:i + r]
         out = model.step(cache, chunk + [0] * (T - r), cache.n)
         cache.commit(out.new_kv, range(r))
         logits, spent, i = out.logits[r - 1], spent + out.run_s, i + r
