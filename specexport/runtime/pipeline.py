@@ -38,7 +38,7 @@ class Pipeline:
             def make(e):
                 return OrtBackend(self.root, e, m.buckets, threads)
         elif backend == "torch":  # optional reference / GPU path: the only place torch may be imported
-            from .torch_backend import TorchBackend
+            from ..torch_backend import TorchBackend
 
             def make(e):
                 return TorchBackend(self.root, e, m.buckets, device=device)

@@ -1,8 +1,8 @@
 """Torch backend: the graphs/ modules run eagerly in torch (CPU or CUDA), the KV ring buffer kept on the
 device, and on CUDA each (profile T, bucket S) step captured once in a torch.cuda.CUDAGraph and replayed.
 
-Optional: imported only when asked for (`specexport.load(..., backend="torch")`); the ONNX Runtime path
-never imports torch. Needs the model's float32 checkpoint (the manifest's source path, safetensors), so it
+Optional: imported only when asked for (`specexport.load(..., backend="torch")`); it lives outside runtime/
+so the ONNX Runtime path never imports torch. Needs the model's float32 checkpoint (the manifest's source path, safetensors), so it
 serves checkpoint and early-exit models, not the int4/int8 ones (those exist only as ONNX graphs).
 The CUDA-graph path has not run on a GPU yet (docs/benchmarks.md says where each backend was verified).
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bundle import ModelEntry
-from ..graphs.config import GraphConfig
-from ..graphs.llama import build
-from .backends import StepOut
-from .kv import RingKV
+from .bundle import ModelEntry
+from .graphs.config import GraphConfig
+from .graphs.llama import build
+from .runtime.backends import StepOut
+from .runtime.kv import RingKV
 
 
 class TorchRingKV(RingKV):
