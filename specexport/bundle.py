@@ -35,10 +35,6 @@ class ModelEntry:
     parity_tolerance: float | None
     notes: dict = field(default_factory=dict)
 
-    @property
-    def num_layers(self) -> int:
-        return self.arch["num_layers"]
-
     def verify_ks(self) -> list[int]:
         return sorted(int(n.split("_")[1]) for n in self.profiles if n.startswith("verify_"))
 

@@ -40,9 +40,6 @@ class RingKV:
     def _index(idx: np.ndarray):
         return idx
 
-    def reset(self) -> None:
-        self.n = 0  # stale slots are masked out; nothing to clear
-
     def views(self) -> list[np.ndarray]:
         """past_key.0, past_value.0, past_key.1, ...: zero-copy [B,Hkv,S,D] views into the buffer."""
         L = self.data.shape[0]
