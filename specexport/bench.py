@@ -173,19 +173,23 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
     return records
 
 
+def tokens_per_s(records: list[dict], meth: str, cat: str | None = None) -> float:
+    """Total tokens / total seconds of one method (in one category, or overall)."""
+    rs = [r for r in records if r["method"] == meth and (cat is None or r["category"] == cat)]
+    return sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+
+
 def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = None) -> str:
     meths = list(dict.fromkeys(r["method"] for r in records))
     cats = list(dict.fromkeys(r["category"] for r in records))
     ref = meths[0]
 
-    def tps(rs):  # tokens/s over the group: total tokens / total time
-        return sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)
-
     def cell(meth, cat=None):
         rs = [r for r in records if r["method"] == meth and (cat is None or r["category"] == cat)]
-        base = [r for r in records if r["method"] == ref and (cat is None or r["category"] == cat)]
         tau = [r["tau"] for r in rs if "tau" in r]
-        return tps(rs), tps(rs) / tps(base), (statistics.mean(tau) if tau else None), all(r["identical"] for r in rs)
+        t = tokens_per_s(records, meth, cat)
+        return t, t / tokens_per_s(records, ref, cat), (statistics.mean(tau) if tau else None), \
+            all(r["identical"] for r in rs)
 
     lines = [f"Speedup over `{ref}` (tokens/s ratio, totals per category) and mean accepted tokens per target "
              f"step (tau); {len(records) // len(meths)} questions, {cfg.max_new_tokens} new tokens, greedy, "
@@ -232,10 +236,7 @@ def plot(records: list[dict], path: Path) -> None:
     ref = meths[0]
 
     def sp(meth, cat):
-        a = [r for r in records if r["method"] == meth and r["category"] == cat]
-        b = [r for r in records if r["method"] == ref and r["category"] == cat]
-        return (sum(r["new_tokens"] for r in a) / sum(r["seconds"] for r in a)) / (
-            sum(r["new_tokens"] for r in b) / sum(r["seconds"] for r in b))
+        return tokens_per_s(records, meth, cat) / tokens_per_s(records, ref, cat)
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1]})
     w = 0.8 / len(meths)

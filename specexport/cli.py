@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
                    "(default: model if the bundle has one, else ngram)")
     g.add_argument("--k", type=lambda x: x if x == "auto" else int(x), default=None,
                    help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
-                   "from the running acceptance rate and measured step costs (0 = plain when drafting does not pay)")
+                   "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")

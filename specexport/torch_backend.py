@@ -24,7 +24,9 @@ from .runtime.kv import RingKV
 class TorchRingKV(RingKV):
     """RingKV whose buffer is a torch tensor on `device`: commit is an on-device indexed copy."""
 
-    device = "cpu"
+    def __init__(self, layers, kv_heads, buckets, head_dim, device):
+        self.device = device  # before RingKV.__init__, which allocates through _zeros
+        super().__init__(layers, kv_heads, buckets, head_dim)
 
     def _zeros(self, shape, dtype):
         return torch.zeros(shape, dtype=torch.float32, device=self.device)
@@ -63,10 +65,7 @@ class TorchBackend:
         self._graphs: dict = {}  # (T, S, cache buffer address) -> (graph, static inputs, static outputs)
 
     def new_cache(self) -> TorchRingKV:
-        cache = TorchRingKV.__new__(TorchRingKV)
-        cache.device = self.device
-        RingKV.__init__(cache, *self.shape)
-        return cache
+        return TorchRingKV(*self.shape, device=self.device)
 
     def _inputs(self, cache, ids, start, new_mask):
         T = len(ids)

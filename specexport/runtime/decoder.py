@@ -126,7 +126,8 @@ def accept(logits: np.ndarray, props: list[int], qs: list, pos0: int, pick: Pick
 
 class KPolicy:
     """Adaptive k: pick the draft length with the most expected tokens per second, from this generation's
-    running acceptance rate and measured step costs; k = 0 (plain decoding) when speculation does not pay.
+    running acceptance rate and measured step costs; for a free drafter (n-gram) also k = 0 (plain decoding)
+    when speculation does not pay -- a draft model that skipped steps would have to catch up later.
     With acceptance rate a, a step proposing k tokens emits E(k) = (1 - a^(k+1)) / (1 - a) tokens and costs
     k * (draft time per token) + verify time at T = k+1. Every `probe` plain steps it speculates once with
     the smallest k, so a stale estimate can recover."""
