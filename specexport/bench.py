@@ -8,6 +8,8 @@ Methods (comma-separated in --methods):
   se-none           specexport plain decoding through the bundle's decode profile
   se-ngram-kK       specexport with the prompt-lookup drafter, k = K
   se-model-kK       specexport with the bundle's draft model, k = K (kauto: adaptive k)
+  se-recycle-kK     specexport token recycling + prompt lookup tree, at most K nodes (its own successor
+                    table per method, carried from question to question as in the paper, never shared)
 Writes records.jsonl (one record per question x method), summary.md (Spec-Bench-style table) and
 speedup.png under --out. Imports torch/transformers only for the hf* methods.
 """
@@ -69,6 +71,11 @@ class Methods:
         self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
         self.eos = self.pipe.eos
         self._hf = self._assist = self._og = None
+        self.tables: dict = {}  # se-recycle-*: each method its own successor table, kept across questions
+
+    def reset(self):
+        """Forget what the recycle drafters learned (after the warm-up, which saw the first question)."""
+        self.tables.clear()
 
     def strip(self, ids):
         ids = list(ids)
@@ -78,7 +85,11 @@ class Methods:
         n = self.cfg.max_new_tokens
         if method.startswith("se-"):
             _, draft, *k = method.split("-")
-            k = (k[0][1:] if k[0] == "kauto" else int(k[0][1:])) if k else 4
+            k = (k[0][1:] if k[0] == "kauto" else int(k[0][1:])) if k else None
+            if draft == "recycle":  # never the table of another method that just generated this answer
+                from .runtime.tree import SuccessorTable
+
+                self.pipe.successors = self.tables.setdefault(method, SuccessorTable(self.pipe.successors.succ.shape[0]))
             t = time.perf_counter()
             g = self.pipe.generate(ids, max_new_tokens=n, draft=draft, k=k)
             dt = time.perf_counter() - t
@@ -153,6 +164,7 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
     warm = m.pipe.encode(qs[0]["turns"][0], chat=True)
     for meth in cfg.methods:  # warm-up: load models, first-run allocations
         m.run(meth, warm[:64])
+    m.reset()
     records = []
     with open(out / "records.jsonl", "w") as f:
         for i, q in enumerate(qs):

@@ -114,12 +114,14 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="prompt text (default: read standard input)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--draft", choices=["model", "ngram", "none"], default=None,
-                   help="who proposes: the bundle's draft model, prompt lookup (ngram), or none = plain decoding "
+    g.add_argument("--draft", choices=["model", "ngram", "recycle", "none"], default=None,
+                   help="who proposes: the bundle's draft model, prompt lookup (ngram), a token-recycling + prompt "
+                   "lookup tree verified in one call (recycle; no model), or none = plain decoding "
                    "(default: model if the bundle has one, else ngram)")
     g.add_argument("--k", type=lambda x: x if x == "auto" else int(x), default=None,
                    help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
-                   "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay)")
+                   "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay); "
+                   "with recycle: the most tree nodes per step (default: the largest profile; the size is chosen each step)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")

@@ -67,21 +67,21 @@ class TorchBackend:
     def new_cache(self) -> TorchRingKV:
         return TorchRingKV(*self.shape, device=self.device)
 
-    def _inputs(self, cache, ids, start, new_mask):
+    def _inputs(self, cache, ids, start, new_mask, positions):
         T = len(ids)
         dev = self.device
         mask = torch.tril(torch.ones(T, T, dtype=torch.bool))[None] if new_mask is None else torch.as_tensor(new_mask)
         return (torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(dev),
-                torch.arange(start, start + T, dtype=torch.long)[None].to(dev),
+                (torch.arange(start, start + T) if positions is None else torch.as_tensor(positions)).long()[None].to(dev),
                 torch.as_tensor(cache.mask()).to(dev), mask.to(dev), cache.views())
 
-    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None) -> StepOut:
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
         T = len(ids)
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
         cache.reserve(start + T)
         t = time.perf_counter()
-        x = self._inputs(cache, ids, start, new_mask)
+        x = self._inputs(cache, ids, start, new_mask, positions)
         with torch.no_grad():
             if self.cuda_graphs:
                 logits, new_kv = self._replay(cache, T, x)

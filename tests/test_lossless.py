@@ -26,28 +26,35 @@ def hf_greedy(ckpt, ids, n):
 
 @pytest.mark.parametrize("k", [1, 2, 4, "auto"])
 def test_greedy_speculative_equals_plain_and_transformers(pipe, ckpts, k):
-    accepted = rejected = 0
+    accepted = rejected = tree_accepted = tree_rejected = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt)
         want = hf_greedy(ckpts["target"], ids, 40)
         plain = pipe.generate(prompt, max_new_tokens=40, draft="none")
         spec = pipe.generate(prompt, max_new_tokens=40, draft="model", k=k)
         ngram = pipe.generate(prompt, max_new_tokens=40, draft="ngram", k=k)
+        tree = pipe.generate(prompt, max_new_tokens=40, draft="recycle", k=k)
         assert plain.token_ids == want
         assert spec.token_ids == want
         assert ngram.token_ids == want
+        assert tree.token_ids == want
         accepted += spec.stats.accepted
         rejected += spec.stats.proposed - spec.stats.accepted
+        tree_accepted += tree.stats.accepted
+        tree_rejected += tree.stats.proposed - tree.stats.accepted
     assert accepted > 0 and rejected > 0, "the draft must be sometimes right and sometimes wrong"
+    assert tree_accepted > 0 and tree_rejected > 0
 
 
-def test_rollback_continuation_equals_fresh_run(pipe):
+@pytest.mark.parametrize("draft", ["model", "recycle"])
+def test_rollback_continuation_equals_fresh_run(pipe, draft):
     """After rejections, the state equals a fresh run over the accepted text: continuing from the
-    speculative output gives exactly what a fresh generation over prompt + that output gives."""
+    speculative output gives exactly what a fresh generation over prompt + that output gives. For the tree
+    drafter the committed rows are a path through the tree, not a prefix of the call."""
     ids = pipe.encode(PROMPTS[1])
-    first = pipe.generate(ids, max_new_tokens=20, draft="model", k=4)
+    first = pipe.generate(ids, max_new_tokens=20, draft=draft, k=4)
     assert first.stats.proposed > first.stats.accepted  # there were rejections
-    whole = pipe.generate(ids, max_new_tokens=35, draft="model", k=4)
+    whole = pipe.generate(ids, max_new_tokens=35, draft=draft, k=4)
     cont = pipe.generate(ids + first.token_ids, max_new_tokens=15, draft="none")
     assert whole.token_ids == first.token_ids + cont.token_ids
 
@@ -56,14 +63,14 @@ def test_rollback_continuation_equals_fresh_run(pipe):
 def test_seeded_sampling_same_text_with_any_draft(pipe, seed):
     opts = dict(max_new_tokens=30, temperature=0.9, top_p=0.95, top_k=40, seed=seed)
     none = pipe.generate(PROMPTS[0], draft="none", **opts).token_ids
-    for draft, k in [("model", 1), ("model", 4), ("ngram", 2), ("ngram", 4)]:
+    for draft, k in [("model", 1), ("model", 4), ("ngram", 2), ("ngram", 4), ("recycle", 4)]:
         assert pipe.generate(PROMPTS[0], draft=draft, k=k, **opts).token_ids == none, (draft, k)
     other = pipe.generate(PROMPTS[0], draft="none", **{**opts, "seed": seed + 100}).token_ids
     assert other != none  # the seed matters
 
 
 def test_concurrent_generations_match_sequential(pipe):
-    jobs = [(p, d) for p in PROMPTS for d in ("model", "ngram", "none")]
+    jobs = [(p, d) for p in PROMPTS for d in ("model", "ngram", "recycle", "none")]
     alone = {j: pipe.generate(j[0], max_new_tokens=25, draft=j[1], k=2).token_ids for j in jobs}
     together = {}
 

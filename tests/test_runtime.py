@@ -92,7 +92,8 @@ def exact_joint(ckpt, prompt, temperature, top_p, eos=2):
 
 
 @pytest.mark.parametrize("sampler,draft,k", [("gumbel", "model", 2), ("rejection", "model", 2),
-                                              ("rejection", "model", 1), ("rejection", "ngram", 2)])
+                                              ("rejection", "model", 1), ("rejection", "ngram", 2),
+                                              ("rejection", "recycle", 2), ("gumbel", "recycle", 2)])
 def test_speculative_sampling_distribution_is_the_targets(small_vocab, sampler, draft, k):
     """Chi-square goodness of fit of 3000 speculative samples of (x1, x2) against the target's exact joint
     law (temperature 0.9, top-p 0.9). Fails with probability 0.001 when the sampler is exact."""

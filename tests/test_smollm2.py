@@ -48,7 +48,7 @@ def test_greedy_lossless_on_specbench(smol):
             x = torch.tensor([ids])
             want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=48, do_sample=False)[0, len(ids):]
         want = want.tolist()
-        for draft in ("none", "model", "ngram"):
+        for draft in ("none", "model", "ngram", "recycle"):
             g = pipe.generate(ids, max_new_tokens=48, draft=draft, k=4)
             assert g.token_ids == want[:len(g.token_ids)] and (len(g.token_ids) == len(want)), (r["question_id"], draft)
             accepted += g.stats.accepted

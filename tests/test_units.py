@@ -103,3 +103,33 @@ def test_gumbel_noise_depends_on_seed_and_position_only():
 def test_bad_sampling_params(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
+
+
+def test_tree_inputs_and_walk_follow_the_branch_the_target_picks():
+    from specexport.runtime.decoder import Picker
+    from specexport.runtime.sampling import SamplingParams
+    from specexport.runtime.tree import Tree, accept_tree
+
+    # root 5 -> children 1 (node 1) and 2 (node 2); node 2 -> 3 (node 3)
+    t = Tree(tokens=[5, 1, 2, 3], parent=[-1, 0, 0, 2], depth=[0, 1, 1, 2], score=[1.0, 0.5, 0.4, 0.2])
+    ids, pos, mask = t.inputs(5, N=10)
+    assert ids == [5, 1, 2, 3, 0]
+    assert pos.tolist() == [9, 10, 10, 11, 9]
+    want = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [0, 0, 0, 0, 1]], bool)
+    assert (mask[0] == want).all()
+    logits = np.zeros((5, 6), np.float32)
+    logits[0, 2] = logits[2, 3] = logits[3, 4] = logits[1, 0] = 1.0  # the target walks root -> 2 -> 3, then says 4
+    emitted, rows = accept_tree(logits, t, 5, 10, Picker(SamplingParams(), 6))
+    assert emitted == [2, 3, 4] and rows == [0, 2, 3]
+    emitted, rows = accept_tree(logits, t, 2, 10, Picker(SamplingParams(), 6))  # only node 1 was verified
+    assert emitted == [2] and rows == [0]
+
+
+def test_successor_table_keeps_top_w_in_order():
+    from specexport.runtime.tree import SuccessorTable
+
+    tab = SuccessorTable(vocab=10, width=3)
+    logits = np.array([[0, 5, 1, 9, 2, 0, 0, 7, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0, 0, 3]], np.float32)
+    tab.observe([4, 6], logits)
+    assert tab.succ[4].tolist() == [3, 7, 1] and tab.succ[6].tolist() == [9, 0, 1]
+    assert (tab.succ[0] == -1).all()

@@ -28,7 +28,8 @@ class Backend(Protocol):
 
     def new_cache(self) -> RingKV: ...
 
-    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None) -> StepOut: ...
+    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
+             positions: np.ndarray | None = None) -> StepOut: ...
 
 
 def _causal(T: int) -> np.ndarray:
@@ -66,8 +67,10 @@ class OrtBackend:
     def new_cache(self) -> RingKV:
         return RingKV(*self.shape)
 
-    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None) -> StepOut:
-        """Run T = len(ids) new tokens at positions start.. against `cache`.
+    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
+             positions: np.ndarray | None = None) -> StepOut:
+        """Run T = len(ids) new tokens at positions start.. (or `positions`, for a tree) against `cache`;
+        new_mask [1,T,T] says which new tokens each one sees (default causal).
 
         The cache is read, never written: commit the rows you accept with cache.commit(new_kv, rows).
         """
@@ -77,7 +80,8 @@ class OrtBackend:
         cache.reserve(start + T)
         feeds = {
             "input_ids": np.asarray(ids, dtype=np.int64)[None],
-            "position_ids": np.arange(start, start + T, dtype=np.int64)[None],
+            "position_ids": (np.arange(start, start + T, dtype=np.int64) if positions is None
+                             else np.asarray(positions, dtype=np.int64))[None],
             "past_mask": cache.mask(),
             "new_mask": self._causal[T] if new_mask is None else new_mask,
         }

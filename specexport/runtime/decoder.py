@@ -15,18 +15,20 @@ import numpy as np
 from .backends import Backend
 from .drafters import ModelDrafter, NgramDrafter, feed
 from .sampling import SamplingParams, accept_rejection, gumbel_noise, probs, sample_from, warp
+from .tree import TreeSizer, accept_tree
 
-DRAFTS = ("model", "ngram", "none")
+DRAFTS = ("model", "ngram", "recycle", "none")
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     max_new_tokens: int = 128
     k: int = 4
-    draft: str = "model"  # model | ngram | none
+    draft: str = "model"  # model | ngram | recycle | none
     sampling: SamplingParams = SamplingParams()
     ngram: int = 3  # longest n-gram the ngram drafter matches
     adaptive: bool = False  # choose k per step among the built verify profiles (k is then the largest)
+    # recycle: k is the most tree nodes per step; the size is always chosen per step among profiles <= k
 
     def __post_init__(self):
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
@@ -171,45 +173,61 @@ def check_finite(logits: np.ndarray, role: str) -> None:
                                  "are broken: rebuild it and check its parity report")
 
 
-def generate(target: Backend, drafter: ModelDrafter | NgramDrafter | None, prompt: list[int],
-             cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
+def generate(target: Backend, drafter, prompt: list[int], cfg: DecodeConfig, stats: Stats) -> Iterator[list[int]]:
     """Yield the tokens accepted at each step (at most cfg.max_new_tokens in all). Stops on max tokens only;
-    the caller stops on EOS and stop strings by closing the generator."""
+    the caller stops on EOS and stop strings by closing the generator. `drafter`: ModelDrafter, NgramDrafter,
+    RecycleDrafter (a tree per step) or None."""
     t0 = time.perf_counter()
     verify_ts = {k: target.entry.profiles[f"verify_{k}"] for k in target.entry.verify_ks()}
     pick = Picker(cfg.sampling, target.entry.arch["vocab_size"])
+    tree = getattr(drafter, "tree", False)
     stats.prompt_tokens = len(prompt)
     stats.hist = [0] * (cfg.k + 1)
     cache = target.new_cache()
-    _, stats.prefill_s = feed(target, cache, prompt[:-1])
+    _, stats.prefill_s = feed(target, cache, prompt[:-1], drafter.table.observe if tree else None)
     if drafter is not None:
         drafter.start(prompt)
         stats.prefill_s += drafter.run_s
         drafter.run_s = 0.0
     tokens = list(prompt)
     policy = (KPolicy(sorted(verify_ts), verify_ts, allow_plain=isinstance(drafter, NgramDrafter))
-              if cfg.adaptive and drafter is not None else None)
+              if cfg.adaptive and drafter is not None and not tree else None)
+    sizer = TreeSizer([1] + [T for k, T in verify_ts.items() if k <= cfg.k]) if tree else None
     while stats.new_tokens < cfg.max_new_tokens:
         N = len(tokens)
-        k = min(policy.choose() if policy else cfg.k, cfg.max_new_tokens - stats.new_tokens - 1)
-        props, qs = drafter.propose(tokens, k, pick.draft) if drafter is not None and k > 0 else ([], [])
-        T = 1 if not props else next(t for t in sorted(verify_ts.values()) if t >= len(props) + 1)
-        out = target.step(cache, [tokens[-1]] + props + [0] * (T - 1 - len(props)), N - 1)
-        check_finite(out.logits[:len(props) + 1], "target")
-        emitted = accept(out.logits, props, qs, N, pick)
+        room = cfg.max_new_tokens - stats.new_tokens - 1  # drafts beyond this could not be emitted
+        if tree:
+            t = drafter.draft(tokens, cfg.k, room)
+            T = sizer.choose(t)
+            ids, pos, mask = t.inputs(T, N)
+            out = target.step(cache, ids, N - 1, new_mask=mask, positions=pos)
+            n = min(T, len(t))
+            check_finite(out.logits[:n], "target")
+            emitted, rows = accept_tree(out.logits, t, T, N, pick)
+            drafter.verified(t, rows, emitted, ids[:n], out.logits[:n])
+            sizer.update(T, out.run_s)
+            proposed = n - 1
+        else:
+            k = min(policy.choose() if policy else cfg.k, room)
+            props, qs = drafter.propose(tokens, k, pick.draft) if drafter is not None and k > 0 else ([], [])
+            T = 1 if not props else next(t for t in sorted(verify_ts.values()) if t >= len(props) + 1)
+            out = target.step(cache, [tokens[-1]] + props + [0] * (T - 1 - len(props)), N - 1)
+            check_finite(out.logits[:len(props) + 1], "target")
+            emitted = accept(out.logits, props, qs, N, pick)
+            rows, proposed = range(len(emitted)), len(props)
+            if drafter is not None and props:
+                drafter.accepted(N, len(emitted) - 1, len(props))
         a = len(emitted) - 1
-        cache.commit(out.new_kv, range(a + 1))
-        if drafter is not None and props:
-            drafter.accepted(N, a, len(props))
+        cache.commit(out.new_kv, rows)
         tokens += emitted
         stats.steps += 1
-        stats.proposed += len(props)
+        stats.proposed += proposed
         stats.accepted += a
         stats.hist[a] += 1
         stats.verify_s += out.run_s
         stats.new_tokens += len(emitted)
         if policy is not None:
-            policy.update(len(props), a, T, out.run_s, drafter.run_s)
+            policy.update(proposed, a, T, out.run_s, drafter.run_s)
         if drafter is not None:
             stats.draft_s += drafter.run_s
             drafter.run_s = 0.0

@@ -15,6 +15,7 @@ from .backends import OrtBackend
 from .decoder import DecodeConfig, Stats, generate
 from .drafters import ModelDrafter, NgramDrafter
 from .sampling import SamplingParams
+from .tree import RecycleDrafter, SuccessorTable
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Pipeline:
         tk = m.tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.root / tk["file"]))
         self.eos = set(tk["eos_token_ids"])
+        self.successors = SuccessorTable(m.target.arch["vocab_size"])  # the recycle drafter's, kept across calls
 
     # ---- text <-> ids
     def encode(self, prompt, chat: bool = False) -> list[int]:
@@ -85,7 +87,9 @@ class Pipeline:
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"
-        k = max(ks) if adaptive else k if k is not None else (4 if 4 in ks else ks[len(ks) // 2])
+        if draft == "recycle" and k is None:
+            k = "auto"  # the tree size is chosen per step anyway: allow every profile
+        k = max(ks) if k == "auto" else k if k is not None else (4 if 4 in ks else ks[len(ks) // 2])
         if draft != "none" and k not in ks:
             raise ValueError(f"the bundle has verify profiles for k in {ks}, not k={k}: pick one of those or "
                              f"rebuild with --k including {k}")
@@ -108,7 +112,7 @@ class Pipeline:
                              f"bundle's capacity of {S} tokens: lower max_new_tokens or rebuild with "
                              f"--capacity {len(ids) + cfg.max_new_tokens} or more")
         drafter = {"model": lambda: ModelDrafter(self.draft), "ngram": lambda: NgramDrafter(cfg.ngram),
-                   "none": lambda: None}[cfg.draft]()
+                   "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram), "none": lambda: None}[cfg.draft]()
         stops = tuple(s for s in stop if s)
         hold = max((len(s) for s in stops), default=1) - 1  # keep back what could start a stop string
         sent = 0
