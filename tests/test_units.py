@@ -111,7 +111,8 @@ def test_tree_inputs_and_walk_follow_the_branch_the_target_picks():
     from specexport.runtime.tree import Tree, accept_tree
 
     # root 5 -> children 1 (node 1) and 2 (node 2); node 2 -> 3 (node 3)
-    t = Tree(tokens=[5, 1, 2, 3], parent=[-1, 0, 0, 2], depth=[0, 1, 1, 2], score=[1.0, 0.5, 0.4, 0.2])
+    t = Tree(tokens=[5, 1, 2, 3], parent=[-1, 0, 0, 2], depth=[0, 1, 1, 2], score=[1.0, 0.5, 0.4, 0.2],
+             ctx=[(5,), (5, 1), (5, 2), (5, 2, 3)])
     ids, pos, mask = t.inputs(5, N=10)
     assert ids == [5, 1, 2, 3, 0]
     assert pos.tolist() == [9, 10, 10, 11, 9]
@@ -125,11 +126,18 @@ def test_tree_inputs_and_walk_follow_the_branch_the_target_picks():
     assert emitted == [2] and rows == [0]
 
 
-def test_successor_table_keeps_top_w_in_order():
+def test_successor_table_keeps_top_w_in_order_longest_context_first():
     from specexport.runtime.tree import SuccessorTable
 
     tab = SuccessorTable(vocab=10, width=3)
     logits = np.array([[0, 5, 1, 9, 2, 0, 0, 7, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0, 0, 3]], np.float32)
-    tab.observe([4, 6], logits)
+    tab.observe([(4,), (2, 8, 6)], logits)
     assert tab.succ[4].tolist() == [3, 7, 1] and tab.succ[6].tolist() == [9, 0, 1]
     assert (tab.succ[0] == -1).all()
+    tab.observe([(1, 6)], np.eye(10, dtype=np.float32)[[5]])  # after (1, 6): 5 first, then ties in index order
+    w = 3
+    assert tab.succ[6].tolist() == [5, 0, 1]  # order 1 keeps the latest
+    # order 3 first, then what order 1 adds
+    assert tab.candidates((2, 8, 6)) == [(2 * w, 9), (2 * w + 1, 0), (2 * w + 2, 1), (0, 5)]
+    assert tab.candidates((0, 1, 6)) == [(w, 5), (w + 1, 0), (w + 2, 1)]  # (0, 1, 6) unseen: order 2
+    assert tab.candidates((3,)) == []
