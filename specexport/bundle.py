@@ -34,6 +34,7 @@ class ModelEntry:
     parity: dict  # profile name -> max |logit - eager logit| (checkpoint and early-exit models)
     parity_tolerance: float | None
     notes: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)  # TensorRT engine record (exporter/tensorrt.py), {} if none
 
     def verify_ks(self) -> list[int]:
         return sorted(int(n.split("_")[1]) for n in self.profiles if n.startswith("verify_"))

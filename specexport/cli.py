@@ -22,7 +22,8 @@ def cmd_build(a) -> int:
 
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
-                      target_quant=a.quantize_target or "")
+                      target_quant=a.quantize_target or "", engine=a.engine or "",
+                      engine_precision=a.engine_precision)
     m = build(cfg, log=lambda s: print(s, flush=True))
     print(summary(m, Path(a.out)))
     return 0
@@ -98,6 +99,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
                    help="ship a weight-only quantised target (MatMulNBits); output is exact w.r.t. that target. "
                    "The float32 graph is still parity-checked first")
+    b.add_argument("--engine", choices=["tensorrt"], default=None,
+                   help="also build TensorRT engines (one optimisation profile per T) for the GPU of this machine; "
+                   "needs TensorRT 10 and an NVIDIA GPU (unverified so far: docs/gpu.md)")
+    b.add_argument("--engine-precision", choices=["fp32", "fp16", "bf16"], default="fp16",
+                   help="TensorRT builder precision over the float32 ONNX graph")
     b.add_argument("--out", required=True, help="bundle directory to write")
     b.add_argument("--force", action="store_true", help="replace --out if it exists")
     b.set_defaults(fn=cmd_build)

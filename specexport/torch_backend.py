@@ -24,12 +24,12 @@ from .runtime.kv import RingKV
 class TorchRingKV(RingKV):
     """RingKV whose buffer is a torch tensor on `device`: commit is an on-device indexed copy."""
 
-    def __init__(self, layers, kv_heads, buckets, head_dim, device):
-        self.device = device  # before RingKV.__init__, which allocates through _zeros
+    def __init__(self, layers, kv_heads, buckets, head_dim, device, dtype=torch.float32):
+        self.device, self.torch_dtype = device, dtype  # before RingKV.__init__, which allocates through _zeros
         super().__init__(layers, kv_heads, buckets, head_dim)
 
     def _zeros(self, shape, dtype):
-        return torch.zeros(shape, dtype=torch.float32, device=self.device)
+        return torch.zeros(shape, dtype=self.torch_dtype, device=self.device)
 
     def _index(self, idx):
         return torch.as_tensor(np.asarray(idx), device=self.device)
@@ -49,7 +49,12 @@ def load_state_dict(path: Path) -> dict:
 
 class TorchBackend:
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cpu",
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, dtype: torch.dtype = torch.float32, state_dict: dict | None = None,
+                 graph: torch.nn.Module | None = None):
+        """dtype: float32 (bit-for-bit the bundle's ONNX graphs up to kernel rounding), or float16 / bfloat16
+        weights, activations and cache (faster on a GPU; greedy output may then differ from float32's).
+        state_dict: the checkpoint's tensors, if not read from the manifest's source path; graph: an already
+        built graphs.llama module instead (scripts/gpu_check.py times random-weight models this way)."""
         if entry.kind not in ("checkpoint", "early-exit"):
             raise ValueError(f"the torch backend cannot run the {entry.kind} {entry.role} (ONNX-only); use the "
                              "onnxruntime backend, or a bundle whose draft is a checkpoint or self:layers=N")
@@ -58,14 +63,17 @@ class TorchBackend:
         self.capacity = self.buckets[-1]
         self.profile_ts = set(entry.profiles.values())
         c = GraphConfig.from_summary(entry.arch)
-        src = entry.source.get("path")
-        self.graph = build(c, load_state_dict(Path(src))).to(self.device)
+        if graph is None:
+            graph = build(c, state_dict if state_dict is not None else load_state_dict(Path(entry.source.get("path"))))
+        self.graph = graph.to(self.device, dtype)
+        self.graph.inv_freq = torch.tensor(c.inv_freq, dtype=torch.float32, device=self.device)  # angles in fp32
+        self.dtype = dtype
         self.shape = (c.num_layers, c.num_kv_heads, self.buckets, c.head_dim)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._graphs: dict = {}  # (T, S, cache buffer address) -> (graph, static inputs, static outputs)
 
     def new_cache(self) -> TorchRingKV:
-        return TorchRingKV(*self.shape, device=self.device)
+        return TorchRingKV(*self.shape, device=self.device, dtype=self.dtype)
 
     def _inputs(self, cache, ids, start, new_mask, positions):
         T = len(ids)

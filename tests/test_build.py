@@ -1,5 +1,6 @@
 """Build outputs and every refusal: a clear error, and nothing half-written left behind."""
 import json
+import time
 
 import pytest
 
@@ -78,7 +79,8 @@ def test_interrupted_build_leaves_nothing(ckpts, tmp_path):
 @pytest.mark.parametrize("kw,match", [
     (dict(ks=(0,)), "k"), (dict(ks=(70,)), "does not fit"), (dict(capacity=4), "capacity"),
     (dict(prefill_chunk=0), "prefill-chunk"), (dict(prefill_chunk=1000), "prefill-chunk"),
-    (dict(tolerance=0), "tolerance"),
+    (dict(tolerance=0), "tolerance"), (dict(engine="tvm"), "engine"),
+    (dict(engine="tensorrt", engine_precision="int8"), "engine-precision"),
 ])
 def test_bad_options(kw, match, tmp_path):
     with pytest.raises(ValueError, match=match):
@@ -171,3 +173,27 @@ def test_short_name_resolves_from_local_hf_cache(ckpts, tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
     assert resolve("llama-68m") == snap
     assert resolve("JackFram/llama-68m") == snap
+
+
+def test_tensorrt_engine_without_tensorrt_or_gpu_fails_first_and_leaves_nothing(ckpts, tmp_path):
+    try:
+        import tensorrt  # noqa: F401
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("TensorRT and a GPU are here: the refusal cannot happen")
+    except ImportError:
+        pass
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="TensorRT|GPU"):
+        build_bundle(tmp_path / "b", ckpts["target"], engine="tensorrt")
+    assert time.perf_counter() - t0 < 5  # refused before the export, not after it
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_engine_built_for_another_gpu_or_version_is_refused():
+    from specexport.exporter.tensorrt import mismatch
+
+    rec = {"file": "target.plan", "tensorrt": "10.3.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
+    assert mismatch(rec, dict(rec)) is None
+    assert "gpu" in mismatch(rec, {**rec, "gpu": "NVIDIA L4", "compute_capability": "8.9"})
+    assert "10.3.0" in mismatch(rec, {**rec, "tensorrt": "10.7.0"})

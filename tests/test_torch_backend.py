@@ -38,3 +38,42 @@ def test_cuda_graph_replay_matches_eager_and_cpu(bundle_noisy):
         want = cpu.generate(p, max_new_tokens=30, draft="none").token_ids
         assert eager.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want
         assert graphs.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want
+
+
+def test_onnxruntime_device_backend_matches_onnxruntime(bundle_noisy):
+    """IO binding by pointer into a torch-resident ring buffer (the CUDA EP's code path, run on the CPU EP)."""
+    ort_pipe = specexport.load(bundle_noisy)
+    dev_pipe = specexport.load(bundle_noisy, backend="onnxruntime-device", device="cpu")
+    for p in PROMPTS:
+        for draft, k in [("none", 4), ("model", 2), ("ngram", 4), ("recycle", 4)]:
+            a = ort_pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids
+            assert dev_pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == a, (p, draft)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_onnxruntime_cuda_matches_cpu(bundle_noisy):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime has no CUDA execution provider here (onnxruntime-gpu not installed)")
+    cpu = specexport.load(bundle_noisy)
+    cuda = specexport.load(bundle_noisy, backend="onnxruntime-device", device="cuda")
+    for p in PROMPTS:
+        want = cpu.generate(p, max_new_tokens=30, draft="none").token_ids
+        assert cuda.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_tensorrt_matches_cpu(ckpts, tmp_path):
+    pytest.importorskip("tensorrt", reason="TensorRT is not installed here")
+    from conftest import build_bundle
+
+    out = build_bundle(tmp_path / "trt", ckpts["target"], ckpts["noisy"], engine="tensorrt", engine_precision="fp32")
+    cpu = specexport.load(out)
+    trt = specexport.load(out, backend="tensorrt", device="cuda")
+    for p in PROMPTS:
+        want = cpu.generate(p, max_new_tokens=30, draft="none").token_ids
+        for draft, k in [("none", 4), ("model", 2), ("recycle", 4)]:
+            assert trt.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)

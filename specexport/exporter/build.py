@@ -53,6 +53,8 @@ class BuildConfig:
     tolerance: float = 1e-3  # max |logit - eager logit|, float32
     force: bool = False
     target_quant: str = ""  # "", "int4" or "int8": ship a weight-only quantised target (output exact w.r.t. it)
+    engine: str = ""  # "" or "tensorrt": also build TensorRT engines (needs TensorRT and a GPU here)
+    engine_precision: str = "fp16"  # fp32 | fp16 | bf16 (a TensorRT builder flag over the float32 ONNX graph)
 
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
@@ -72,6 +74,10 @@ class BuildConfig:
                              "itself: use another draft (or --draft none and the ngram drafter)")
         if not self.tolerance > 0:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
+        if self.engine not in ("", "tensorrt"):
+            raise ValueError(f"--engine must be tensorrt (or left out), got {self.engine!r}")
+        if self.engine_precision not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"--engine-precision must be fp32, fp16 or bf16, got {self.engine_precision!r}")
 
 
 class ParityError(RuntimeError):
@@ -82,6 +88,10 @@ def build(cfg: BuildConfig, log=print) -> Manifest:
     out = Path(cfg.out)
     if out.exists() and not cfg.force:
         raise FileExistsError(f"{out} already exists: pass --force to replace it, or choose another --out")
+    if cfg.engine:  # before minutes of export: say now that TensorRT or the GPU is missing
+        from .tensorrt import environment
+
+        environment()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
@@ -185,6 +195,12 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         entries["target"] = dataclasses.replace(q, notes={"float32_graph_parity": fp32.parity})
         (root / "target.onnx").unlink()
         (root / "target.onnx.data").unlink()
+    if cfg.engine:
+        from .tensorrt import build_engine
+
+        for role, e in list(entries.items()):
+            entries[role] = dataclasses.replace(e, engine=build_engine(root, e, bundle.buckets_for(S),
+                                                                       cfg.engine_precision, log))
     # ---- tokenizer, manifest
     tok = copy_tokenizer(t_path, root / "tokenizer", t_hf)
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
@@ -194,7 +210,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         tokenizer=tok,
         files={f: bundle.sha256(root / f) for f in files},
         build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S,
-               "target_quant": cfg.target_quant,
+               "target_quant": cfg.target_quant, "engine": cfg.engine,
                "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "

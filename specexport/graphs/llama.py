@@ -132,13 +132,13 @@ class LlamaGraph(nn.Module):
         x = self.model.embed_tokens(input_ids)  # [B,T,E]
         freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B,T,D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * c.rope_scaling).unsqueeze(2)  # [B,T,1,D]
-        sin = (emb.sin() * c.rope_scaling).unsqueeze(2)
+        cos = (emb.cos() * c.rope_scaling).unsqueeze(2).to(x.dtype)  # [B,T,1,D]; angles stay float32
+        sin = (emb.sin() * c.rope_scaling).unsqueeze(2).to(x.dtype)
         neg = torch.tensor(float("-inf"))
         zero = torch.tensor(0.0)
         G = c.num_heads // c.num_kv_heads
-        bias_past = torch.where(past_mask, zero, neg)[:, None, None, :]  # [B,1,1,S]
-        bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None]  # [B,1,G*T,T], row g*T+t
+        bias_past = torch.where(past_mask, zero, neg)[:, None, None, :].to(x.dtype)  # [B,1,1,S]
+        bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None].to(x.dtype)  # [B,1,G*T,T], row g*T+t
         new_kv = []
         for i, layer in enumerate(self.model.layers):
             x, k, v = layer(x, cos, sin, self.rot, past_kv[2 * i], past_kv[2 * i + 1], bias_past, bias_new)

@@ -43,8 +43,18 @@ class Pipeline:
 
             def make(e):
                 return TorchBackend(self.root, e, m.buckets, device=device)
+        elif backend == "onnxruntime-device":  # IO binding, cache on `device` (torch buffers): the CUDA EP path
+            from ..ort_device import OrtDeviceBackend
+
+            def make(e):
+                return OrtDeviceBackend(self.root, e, m.buckets, device=device, threads=threads)
+        elif backend == "tensorrt":  # the bundle's engines (built with --engine tensorrt on this GPU)
+            from ..trt_backend import TrtBackend
+
+            def make(e):
+                return TrtBackend(self.root, e, m.buckets, device=device if device != "cpu" else "cuda")
         else:
-            raise ValueError(f"backend must be onnxruntime or torch, got {backend!r}")
+            raise ValueError(f"backend must be onnxruntime, onnxruntime-device, tensorrt or torch, got {backend!r}")
         self.target = make(m.target)
         self.draft = make(m.draft) if m.draft else None
         tk = m.tokenizer

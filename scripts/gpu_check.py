@@ -1,0 +1,245 @@
+"""GPU checks and timings in one go, for the lent GPU machine (issue 5). Two halves:
+
+  python scripts/gpu_check.py prepare --pack gpu_pack     # here, on a CPU machine with the build extras
+  python scripts/gpu_check.py run --pack gpu_pack         # on the GPU machine: torch (CUDA), numpy, onnxruntime
+
+`prepare` writes a small pack (a few MB: the GPU machine cannot download and carries at most 64 MiB): a tiny
+random target + noisy draft checkpoint (transformers' save_pretrained), their bundle, the state dicts as .pt
+(safetensors may be absent there), prompts as token ids (no tokenizer needed there) and the reference tokens:
+transformers' eager greedy generate, computed here.
+
+`run` checks, for every backend it can run there, that greedy output equals that reference with every draft
+(none, model, ngram, recycle), and times one step of a SmolLM2-shaped and a Llama-7B-shaped model with random
+weights (speed does not depend on the values) eagerly and replayed from CUDA graphs, float32 and bfloat16.
+It prints a markdown report and writes it to $OUT/gpu_check.md (or --out). Without CUDA it runs the CPU rows
+only (a dry run of the script itself).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DRAFTS = [("none", 4), ("model", 2), ("model", 4), ("ngram", 4), ("recycle", 8)]
+PROMPTS = ["hello world, hello world", "the cat sat on the mat. the cat", "abc abc abc", "Q: 12+7? A:"]
+NEW = 40
+
+
+def prepare(pack: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from checkpoints import make_checkpoint, perturbed_copy
+    from specexport.exporter.build import BuildConfig, DraftSpec, build
+
+    import specexport
+
+    pack.mkdir(parents=True, exist_ok=True)
+    target = make_checkpoint(pack / "ckpt-target", layers=3, seed=0, logit_scale=4.0)
+    draft = perturbed_copy(target, pack / "ckpt-draft", noise=0.3)
+    build(BuildConfig(target=str(target), out=pack / "bundle", draft=DraftSpec.parse(str(draft)), ks=(1, 2, 4, 8),
+                      capacity=256, prefill_chunk=16, force=True), log=lambda s: None)
+    pipe = specexport.load(pack / "bundle")
+    hf = AutoModelForCausalLM.from_pretrained(target, attn_implementation="eager").eval()
+    cases = []
+    for p in PROMPTS:
+        ids = pipe.encode(p)
+        with torch.no_grad():
+            x = torch.tensor([ids])
+            want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW, do_sample=False,
+                               pad_token_id=0)[0, len(ids):].tolist()
+        cases.append({"prompt": p, "ids": ids, "transformers": want})
+    (pack / "reference.json").write_text(json.dumps(cases))
+    from safetensors.torch import load_file
+
+    for name, ck in (("target", target), ("draft", draft)):
+        torch.save(load_file(str(next(Path(ck).glob("*.safetensors")))), pack / f"{name}.pt")
+    size = sum(f.stat().st_size for f in pack.rglob("*") if f.is_file())
+    print(f"wrote {pack} ({size / 2**20:.1f} MiB)")
+
+
+def run_case(target, draft_backend, ids, draft, k):
+    from specexport.runtime.decoder import DecodeConfig, Stats, generate
+    from specexport.runtime.drafters import ModelDrafter, NgramDrafter
+    from specexport.runtime.tree import RecycleDrafter, SuccessorTable
+
+    drafter = {"none": lambda: None, "model": lambda: ModelDrafter(draft_backend),
+               "ngram": lambda: NgramDrafter(3),
+               "recycle": lambda: RecycleDrafter(SuccessorTable(target.entry.arch["vocab_size"]))}[draft]()
+    st = Stats()
+    out = []
+    for new in generate(target, drafter, ids, DecodeConfig(max_new_tokens=NEW, k=k, draft=draft), st):
+        out += new
+    return out[:NEW], st
+
+
+def check_backends(pack: Path, cuda: bool) -> list[str]:
+    import torch
+
+    from specexport import bundle
+    from specexport.runtime.backends import OrtBackend
+    from specexport.torch_backend import TorchBackend
+
+    m = bundle.read(pack / "bundle")
+    cases = json.loads((pack / "reference.json").read_text())
+    sds = {r: torch.load(pack / f"{r}.pt") for r in ("target", "draft")}
+
+    def torch_pair(device, graphs, dtype=torch.float32):
+        return [TorchBackend(pack / "bundle", e, m.buckets, device=device, cuda_graphs=graphs, dtype=dtype,
+                             state_dict=sds[e.role]) for e in (m.target, m.draft)]
+
+    backends = {"onnxruntime CPU": lambda: [OrtBackend(pack / "bundle", e, m.buckets) for e in (m.target, m.draft)],
+                "torch CPU eager": lambda: torch_pair("cpu", False)}
+    if cuda:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            from specexport.ort_device import OrtDeviceBackend
+
+            backends["onnxruntime CUDA EP, IO binding"] = lambda: [
+                OrtDeviceBackend(pack / "bundle", e, m.buckets, device="cuda") for e in (m.target, m.draft)]
+        try:
+            import tensorrt  # noqa: F401
+
+            from specexport.exporter.tensorrt import build_engine
+            from specexport.trt_backend import TrtBackend
+
+            def trt_pair():
+                es = [dataclasses.replace(e, engine=build_engine(pack / "bundle", e, m.buckets, "fp32"))
+                      for e in (m.target, m.draft)]
+                return [TrtBackend(pack / "bundle", e, m.buckets) for e in es]
+            backends["TensorRT fp32 + CUDA graphs"] = trt_pair
+        except ImportError:
+            pass
+        backends["torch CUDA eager fp32"] = lambda: torch_pair("cuda", False)
+        backends["torch CUDA graphs fp32"] = lambda: torch_pair("cuda", True)
+        backends["torch CUDA graphs bf16"] = lambda: torch_pair("cuda", True, torch.bfloat16)
+    rows = ["| backend | draft | k | tokens/s | tau | identical to transformers |", "|---|---|---|---|---|---|"]
+    for name, make in backends.items():
+        try:
+            t, d = make()
+        except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others' rows
+            rows.append(f"| {name} | - | - | - | - | FAILED: {type(e).__name__}: {str(e)[:200]} |")
+            print(rows[-1], flush=True)
+            continue
+        for draft, k in DRAFTS:
+            run_case(t, d, cases[0]["ids"], draft, k)  # warm-up: CUDA-graph captures, allocations
+            same, n, secs, steps = True, 0, 0.0, 0
+            for c in cases:
+                t0 = time.perf_counter()
+                out, st = run_case(t, d, c["ids"], draft, k)
+                secs += time.perf_counter() - t0
+                n, steps = n + len(out), steps + st.steps
+                same &= out == c["transformers"]
+            rows.append(f"| {name} | {draft} | {k} | {n / secs:.0f} | {n / steps:.2f} | {'yes' if same else 'NO'} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+SHAPES = {  # GraphConfig numbers of the real models; weights random
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                         num_kv_heads=3, head_dim=64, tie_word_embeddings=True),
+    "llama-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32,
+                     num_kv_heads=32, head_dim=128, tie_word_embeddings=False),
+}
+
+
+def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 5, 9), S: int = 512,
+               reps: int = 30) -> list[str]:
+    import torch
+
+    from specexport import bundle
+    from specexport.graphs.config import GraphConfig
+    from specexport.graphs.llama import LlamaGraph, rotation
+    from specexport.torch_backend import TorchBackend
+
+    m = bundle.read(pack / "bundle")
+    rows = ["| model (random weights) | dtype | T | S | eager ms | CUDA graph ms | graph speedup |",
+            "|---|---|---|---|---|---|---|"]
+    for shape in shapes:
+        for dtype in dtypes:
+            d = SHAPES[shape]
+            D = d["head_dim"]
+            inv = tuple(1.0 / 10000 ** (i / D) for i in range(0, D, 2))
+            c = GraphConfig(arch="llama", rms_norm_eps=1e-5, rope_type="default", inv_freq=inv, rope_scaling=1.0,
+                            qkv_bias=False, o_bias=False, mlp_bias=False, **d)
+            with torch.device("meta"):
+                g = LlamaGraph(c)
+            g = g.to_empty(device=device).to(dtype)
+            with torch.no_grad():
+                for p in g.parameters():
+                    p.normal_(0, 0.02)
+            g.inv_freq = torch.tensor(inv, dtype=torch.float32, device=device)
+            g.rot = rotation(D).to(device, dtype)
+            entry = dataclasses.replace(m.target, arch=c.summary(), profiles={f"t{T}": T for T in ts})
+            res = {}
+            for graphs in (False, True) if device == "cuda" else (False,):
+                be = TorchBackend(pack / "bundle", entry, [S], device=device, cuda_graphs=graphs, dtype=dtype, graph=g)
+                cache = be.new_cache()
+                cache.n = S // 2
+                for T in ts:
+                    for _ in range(3):
+                        be.step(cache, [1] * T, cache.n)
+                    times = []
+                    for _ in range(reps):
+                        times.append(be.step(cache, [1] * T, cache.n).run_s)
+                    res[graphs, T] = statistics.median(times) * 1e3
+            for T in ts:
+                e, r = res[False, T], res.get((True, T))
+                rows.append(f"| {shape} | {str(dtype).split('.')[-1]} | {T} | {S} | {e:.2f} | "
+                            + (f"{r:.2f} | {e / r:.1f}x |" if r else "- | - |"))
+                print(rows[-1], flush=True)
+            del g
+            torch.cuda.empty_cache() if device == "cuda" else None
+    return rows
+
+
+def run(pack: Path, out: Path) -> None:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    head = [f"# gpu_check {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+            f"device: {torch.cuda.get_device_name(0) if cuda else 'no CUDA device (dry run: CPU rows only)'}; "
+            f"torch {torch.__version__}", ""]
+    for mod in ("tensorrt", "onnxruntime", "cupy", "transformers"):
+        try:
+            v = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001 - report whatever is missing
+            v = f"absent ({type(e).__name__})"
+        head.append(f"- {mod}: {v}")
+    try:
+        import onnxruntime as ort
+        head.append(f"- onnxruntime providers: {ort.get_available_providers()}")
+    except Exception:  # noqa: BLE001
+        pass
+    print("\n".join(head), flush=True)
+    rows = check_backends(pack, cuda)
+    timing = (time_steps(pack, "cuda", ["smollm2-135m", "llama-7b"], [torch.float32, torch.bfloat16]) if cuda
+              else ["(step timings need CUDA: skipped)"])
+    text = "\n".join(head + ["", "## Greedy output vs transformers (tiny random checkpoints)", ""] + rows +
+                     ["", "## One step, median of 30 (includes input upload and logits download)", ""] + timing)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.md").write_text(text + "\n")
+    print(f"\nwrote {out / 'gpu_check.md'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["prepare", "run"])
+    p.add_argument("--pack", type=Path, default=ROOT / "gpu_pack")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
+    a = p.parse_args()
+    prepare(a.pack) if a.what == "prepare" else run(a.pack, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

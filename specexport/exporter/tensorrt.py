@@ -1,0 +1,85 @@
+"""TensorRT engines from a bundle's ONNX graphs (`specexport build ... --engine tensorrt`).
+
+One engine per model, one optimisation profile per built T (decode, prefill chunk, each verify k+1;
+min = opt = max for T) with S ranging over the capacity buckets. Precision is a builder flag (fp32, fp16,
+bf16) over the float32 ONNX graph, so the ONNX graphs stay the CPU-checked ones. The engine's record in the
+manifest names the TensorRT version, GPU and compute capability it was built for; the runtime refuses an
+engine built for another (`mismatch`).
+
+Written against the TensorRT 10 Python API; it has not run yet: no machine this project was lent carries
+TensorRT (docs/gpu.md).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..bundle import ModelEntry
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def environment() -> dict:
+    """{"tensorrt", "gpu", "compute_capability"} of this machine, or a clear error saying what is missing."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise RuntimeError("--engine tensorrt needs the tensorrt Python package (TensorRT 10) and an NVIDIA GPU: "
+                           "pip install tensorrt on a GPU machine, or build without --engine") from None
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError
+        p = torch.cuda.get_device_properties(0)
+    except Exception:
+        raise RuntimeError("--engine tensorrt needs an NVIDIA GPU and none is visible here (torch.cuda): build "
+                           "engines on the machine that will run them") from None
+    return {"tensorrt": trt.__version__, "gpu": p.name, "compute_capability": f"{p.major}.{p.minor}"}
+
+
+def mismatch(record: dict, env: dict) -> str | None:
+    """Why an engine cannot run here, or None."""
+    for key in ("tensorrt", "gpu", "compute_capability"):
+        if record.get(key) != env.get(key):
+            return (f"the bundle's TensorRT engine {record.get('file')} was built for {key} {record.get(key)!r}, "
+                    f"this machine has {env.get(key)!r}: rebuild the engines here (specexport build --engine "
+                    "tensorrt) or use the onnxruntime backend")
+    return None
+
+
+def build_engine(root: Path, entry: ModelEntry, buckets: list, precision: str = "fp16", log=print) -> dict:
+    """Write <graph stem>.plan beside the ONNX graph; -> the manifest's engine record."""
+    import tensorrt as trt
+
+    env = environment()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # explicit batch: the only mode in TensorRT 10
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(root / entry.graph)):  # reads the external .data file beside it
+        errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"TensorRT could not parse {entry.graph}: {errs}")
+    config = builder.create_builder_config()
+    if precision == "fp16":
+        config.set_flag(trt.BuilderFlag.FP16)
+    elif precision == "bf16":
+        config.set_flag(trt.BuilderFlag.BF16)
+    smin, smax = min(buckets), max(buckets)
+    profiles = {}
+    for name, T in sorted(entry.profiles.items(), key=lambda x: x[1]):
+        if T in profiles.values():
+            continue
+        prof = builder.create_optimization_profile()
+        for spec in entry.inputs:
+            def dims(S, spec=spec, T=T):
+                return tuple(T if d == "T" else S if d == "S" else d for d in spec["shape"])
+            prof.set_shape(spec["name"], dims(smin), dims(smax), dims(smax))
+        config.add_optimization_profile(prof)
+        profiles[name] = T
+    log(f"TensorRT {env['tensorrt']}: building {entry.role} engine ({precision}, {len(profiles)} profiles) ...")
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise RuntimeError(f"TensorRT failed to build an engine for {entry.graph} (see its log above)")
+    file = Path(entry.graph).with_suffix(".plan").name
+    (root / file).write_bytes(bytes(plan))
+    ts = sorted(set(profiles.values()))
+    return {"file": file, "precision": precision, "profile_of_T": {str(T): i for i, T in enumerate(ts)}, **env}

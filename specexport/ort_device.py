@@ -1,0 +1,104 @@
+"""ONNX Runtime with IO binding and a device-resident KV ring buffer: the onnxruntime-gpu (CUDA EP) path.
+
+The cache is a TorchRingKV on the device; each step binds its past_key/past_value views, small input
+tensors and preallocated logits / new_kv outputs by device pointer (`IOBinding.bind_input/bind_output`), so
+the cache never crosses to the host: commit is an on-device indexed copy of the accepted rows, and the one
+device-to-host copy of a step is its logits. With `cuda_graphs`, the CUDA EP captures one graph per
+(T, S, cache buffer) (`enable_cuda_graph` + the `gpu_graph_id` run option); inputs are copied into static
+buffers first, as the capture requires fixed addresses.
+
+Optional (imports torch for the device buffers); lives outside runtime/ for that reason. The same code runs
+on the CPU EP with device="cpu", which is how it is tested here; the CUDA EP and its graph capture have not
+run anywhere yet (no onnxruntime-gpu on the machines this project was lent; docs/gpu.md).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bundle import ModelEntry
+from .runtime.backends import StepOut
+from .torch_backend import TorchRingKV
+
+
+class OrtDeviceBackend:
+    def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cuda",
+                 cuda_graphs: bool = False, threads: int | None = None):
+        import onnxruntime as ort
+
+        self.device = torch.device(device)
+        kind = self.device.type
+        want = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}[kind]
+        if want not in ort.get_available_providers():
+            raise RuntimeError(f"onnxruntime has no {want} here (available: {ort.get_available_providers()}): "
+                               "install onnxruntime-gpu for CUDA, or use backend='torch'")
+        self.entry, self.buckets, self.capacity = entry, sorted(buckets), sorted(buckets)[-1]
+        a = entry.arch
+        self.shape = (a["num_layers"], a["num_kv_heads"], self.buckets, a["head_dim"])
+        self.vocab = a["vocab_size"]
+        self.profile_ts = set(entry.profiles.values())
+        self.cuda_graphs = cuda_graphs and kind == "cuda"
+        so = ort.SessionOptions()
+        if threads:
+            so.intra_op_num_threads = threads
+        opts = {"device_id": self.device.index or 0} if kind == "cuda" else {}
+        if self.cuda_graphs:
+            opts["enable_cuda_graph"] = "1"
+        self.session = ort.InferenceSession(str(root / entry.graph), so, providers=[(want, opts)])
+        self.kv_names = [i["name"] for i in entry.inputs[4:]]
+        self._ort = ort
+        self._graph_ids: dict = {}
+
+    def new_cache(self) -> TorchRingKV:
+        c = TorchRingKV(*self.shape, device=self.device)
+        c.scratch = {}  # per generation: static inputs and outputs per (T, S), so threads never share buffers
+        return c
+
+    def _buffers(self, cache, T):
+        key = (id(self), T, cache.S, cache.data.data_ptr())
+        b = cache.scratch.get(key)
+        if b is None:
+            L, Hkv, _, D = self.shape
+            dev = self.device
+            b = cache.scratch[key] = {
+                "input_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
+                "position_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
+                "past_mask": torch.zeros(1, cache.S, dtype=torch.bool, device=dev),
+                "new_mask": torch.zeros(1, T, T, dtype=torch.bool, device=dev),
+                "logits": torch.empty(1, T, self.vocab, dtype=torch.float32, device=dev),
+                "new_kv": torch.empty(L, 2, 1, Hkv, T, D, dtype=torch.float32, device=dev),
+            }
+            io = self.session.io_binding()
+            elem = {torch.int64: np.int64, torch.bool: np.bool_, torch.float32: np.float32}
+            for name, t in b.items():
+                bind = io.bind_output if name in ("logits", "new_kv") else io.bind_input
+                bind(name, self.device.type, self.device.index or 0, elem[t.dtype], list(t.shape), t.data_ptr())
+            for name, t in zip(self.kv_names, cache.views()):
+                io.bind_input(name, self.device.type, self.device.index or 0, np.float32, list(t.shape), t.data_ptr())
+            b["io"] = io
+            self._graph_ids.setdefault(key, len(self._graph_ids) + 1)
+        return b
+
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
+        T = len(ids)
+        if T not in self.profile_ts:
+            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        cache.reserve(start + T)
+        b = self._buffers(cache, T)  # after reserve: a grown cache is a new buffer with new bindings
+        pos = np.arange(start, start + T) if positions is None else np.asarray(positions)
+        mask = np.tril(np.ones((T, T), bool))[None] if new_mask is None else np.asarray(new_mask)
+        b["input_ids"].copy_(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None])
+        b["position_ids"].copy_(torch.as_tensor(pos.astype(np.int64))[None])
+        b["past_mask"].copy_(torch.as_tensor(cache.mask()))
+        b["new_mask"].copy_(torch.as_tensor(mask))
+        ro = None
+        if self.cuda_graphs:
+            ro = self._ort.RunOptions()
+            ro.add_run_config_entry("gpu_graph_id", str(self._graph_ids[(id(self), T, cache.S, cache.data.data_ptr())]))
+        t = time.perf_counter()
+        self.session.run_with_iobinding(b["io"], ro)
+        logits = b["logits"][0].to("cpu", copy=True).numpy()  # the one device-to-host copy of a step
+        return StepOut(logits, b["new_kv"].clone(), time.perf_counter() - t)

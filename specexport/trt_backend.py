@@ -1,0 +1,113 @@
+"""TensorRT backend: the bundle's engine (exporter/tensorrt.py), one execution context per profile T, tensor
+addresses bound to a device-resident KV ring buffer (TorchRingKV) and static input/output buffers, and
+execute_async_v3 (enqueueV3) per step; with cuda_graphs each (T, S, cache buffer) is captured once in a
+torch.cuda.CUDAGraph and replayed.
+
+Written against the TensorRT 10 Python API; it has not run yet (no machine this project was lent carries
+TensorRT; docs/gpu.md). tests/test_torch_backend.py holds its GPU test, skipped without TensorRT and a GPU.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bundle import BundleError, ModelEntry
+from .exporter.tensorrt import environment, mismatch
+from .runtime.backends import StepOut
+from .torch_backend import TorchRingKV
+
+_TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
+
+
+class TrtBackend:
+    def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cuda", cuda_graphs: bool = True):
+        import tensorrt as trt
+
+        rec = entry.engine
+        if not rec:
+            raise BundleError(f"the bundle's {entry.role} has no TensorRT engine: rebuild with --engine tensorrt")
+        why = mismatch(rec, environment())
+        if why:
+            raise BundleError(why)
+        self.entry, self.device = entry, torch.device(device)
+        self.buckets, self.capacity = sorted(buckets), sorted(buckets)[-1]
+        a = entry.arch
+        self.shape = (a["num_layers"], a["num_kv_heads"], self.buckets, a["head_dim"])
+        self.vocab = a["vocab_size"]
+        self.profile_ts = set(entry.profiles.values())
+        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
+            (Path(root) / rec["file"]).read_bytes())
+        self.stream = torch.cuda.Stream(self.device)
+        self.contexts = {}
+        for T, idx in rec["profile_of_T"].items():
+            ctx = self.engine.create_execution_context()
+            ctx.set_optimization_profile_async(idx, self.stream.cuda_stream)
+            self.contexts[int(T)] = ctx
+        self.cuda_graphs = cuda_graphs
+        self.kv_names = [i["name"] for i in entry.inputs[4:]]
+
+    def new_cache(self) -> TorchRingKV:
+        c = TorchRingKV(*self.shape, device=self.device)
+        c.scratch = {}
+        return c
+
+    def _buffers(self, cache, T):
+        key = (id(self), T, cache.S, cache.data.data_ptr())
+        b = cache.scratch.get(key)
+        if b is None:
+            L, Hkv, _, D = self.shape
+            dev = self.device
+            b = {"input_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
+                 "position_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
+                 "past_mask": torch.zeros(1, cache.S, dtype=torch.bool, device=dev),
+                 "new_mask": torch.zeros(1, T, T, dtype=torch.bool, device=dev),
+                 "logits": torch.empty(1, T, self.vocab, dtype=torch.float32, device=dev),
+                 "new_kv": torch.empty(L, 2, 1, Hkv, T, D, dtype=torch.float32, device=dev)}
+            ctx = self.contexts[T]
+            for name, t in b.items():
+                if name not in ("logits", "new_kv"):
+                    ctx.set_input_shape(name, tuple(t.shape))
+                ctx.set_tensor_address(name, t.data_ptr())
+            for name, t in zip(self.kv_names, cache.views()):
+                ctx.set_input_shape(name, tuple(t.shape))
+                ctx.set_tensor_address(name, t.data_ptr())
+            b["graph"] = None
+            cache.scratch[key] = b
+        return b
+
+    def _run(self, b, T):
+        ctx = self.contexts[T]
+        if not self.cuda_graphs:
+            ctx.execute_async_v3(self.stream.cuda_stream)
+            return
+        if b["graph"] is None:  # one plain run first (TensorRT allocates lazily), then capture
+            ctx.execute_async_v3(self.stream.cuda_stream)
+            self.stream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=self.stream):
+                ctx.execute_async_v3(self.stream.cuda_stream)
+            b["graph"] = g
+        b["graph"].replay()
+
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
+        T = len(ids)
+        if T not in self.profile_ts:
+            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        cache.reserve(start + T)
+        b = self._buffers(cache, T)
+        pos = np.arange(start, start + T) if positions is None else np.asarray(positions)
+        mask = np.tril(np.ones((T, T), bool))[None] if new_mask is None else np.asarray(new_mask)
+        t = time.perf_counter()
+        with torch.cuda.stream(self.stream):
+            b["input_ids"].copy_(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None], non_blocking=True)
+            b["position_ids"].copy_(torch.as_tensor(pos.astype(np.int64))[None], non_blocking=True)
+            b["past_mask"].copy_(torch.as_tensor(cache.mask()), non_blocking=True)
+            b["new_mask"].copy_(torch.as_tensor(mask), non_blocking=True)
+            self._run(b, T)
+            logits = b["logits"][0].cpu().numpy()  # synchronises: the one device-to-host copy of a step
+            new_kv = b["new_kv"].clone()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)  # the commit reads new_kv
+        return StepOut(logits, new_kv, time.perf_counter() - t)
