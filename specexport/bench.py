@@ -269,9 +269,14 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
             ms = 1e3 * sum(r["verify_s"] for r in plain) / sum(r["steps"] for r in plain)
             lines.append(f"Plain decode step (se-none, inside ORT): {ms:.1f} ms = {ms / floor:.2f}x the floor.")
     bad = [r for r in records if not r["identical"]]
-    if bad:
+    ours = [r for r in bad if r["method"].startswith("se-")]
+    if ours:
         lines += ["", "Not token-identical to the reference: " + ", ".join(
-            f"{r['method']} on q{r['question_id']}" for r in bad)]
+            f"{r['method']} on q{r['question_id']}" for r in ours)]
+    peers = {m: sum(r["method"] == m for r in bad) for m in meths if not m.startswith("se-")}
+    if any(peers.values()):
+        lines += ["", "Peers differing from the reference (questions): " + ", ".join(
+            f"{m} {n}/{len(records) // len(meths)}" for m, n in peers.items() if n)]
     return "\n".join(lines)
 
 
