@@ -179,6 +179,7 @@ def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 
                     p.normal_(0, 0.02)
             g.inv_freq = torch.tensor(inv, dtype=torch.float32, device=device)
             g.rot = rotation(D).to(device, dtype)
+            g.eye = torch.eye(D, device=device, dtype=dtype)
             entry = dataclasses.replace(m.target, arch=c.summary(), profiles={f"t{T}": T for T in ts})
             res = {}
             for graphs in (False, True) if device == "cuda" else (False,):

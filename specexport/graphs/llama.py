@@ -52,26 +52,23 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(c.hidden_size, (h + 2 * kv) * d, bias=c.qkv_bias)
         self.o_proj = nn.Linear(h * d, c.hidden_size, bias=c.o_bias)
 
-    def forward(self, x, cos, sin, rot, past_k, past_v, bias_past, bias_new):
-        # x: [B,T,E]; cos/sin: [B,T,1,D]; rot: [D,D]; past_k/v: [B,Hkv,S,D];
-        # bias_past: [B,1,1,S]; bias_new: [B,1,G*T,T]
+    def forward(self, x, rope, past_k, past_v, bias):
+        # x: [B,T,E]; rope: [B,T,D,D] per-position rotation; past_k/v: [B,Hkv,S,D]; bias: [B,1,G*T,S+T]
         c = self.c
         B, T, _ = x.shape
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // Hkv
-        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
-        qk = qkv[:, :, :H + Hkv]  # q and k heads rotated together: [B,T,H+Hkv,D]
-        qk = qk * cos + (qk @ rot) * sin
-        q = qk[:, :, :H].transpose(1, 2) * (D ** -0.5)  # [B,H,T,D]
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)  # q rows pre-scaled by D^-0.5 (stack_projections)
+        qk = qkv[:, :, :H + Hkv] @ rope  # q and k heads rotated together in one MatMul: [B,T,H+Hkv,D]
+        q = qk[:, :, :H].transpose(1, 2)  # [B,H,T,D]
         k = qk[:, :, H:].transpose(1, 2)  # [B,Hkv,T,D]
         v = qkv[:, :, H + Hkv:].transpose(1, 2)  # [B,Hkv,T,D]
         # GQA without repeating the cache: head h = kv * G + g (transformers' repeat_kv order), so the G
         # query heads of one KV head become G*T rows against that head's cache
         q = q.reshape(B, Hkv, G * T, D)
-        s_past = q @ past_k.transpose(-1, -2) + bias_past  # [B,Hkv,G*T,S]
-        s_new = q @ k.transpose(-1, -2) + bias_new  # [B,Hkv,G*T,T]
+        s = torch.cat([q @ past_k.transpose(-1, -2), q @ k.transpose(-1, -2)], dim=-1) + bias  # [B,Hkv,G*T,S+T]
         S = past_k.shape[2]
-        p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
+        p = torch.softmax(s, dim=-1)
         o = p[..., :S] @ past_v + p[..., S:] @ v  # [B,Hkv,G*T,D]
         o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(o), k, v
@@ -99,8 +96,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, rot, past_k, past_v, bias_past, bias_new):
-        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, rot, past_k, past_v, bias_past, bias_new)
+    def forward(self, x, rope, past_k, past_v, bias):
+        a, k, v = self.self_attn(self.input_layernorm(x), rope, past_k, past_v, bias)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
@@ -126,35 +123,44 @@ class LlamaGraph(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", torch.tensor(c.inv_freq, dtype=torch.float32), persistent=False)
         self.register_buffer("rot", rotation(c.head_dim), persistent=False)
+        self.register_buffer("eye", torch.eye(c.head_dim), persistent=False)
 
     def forward(self, input_ids, position_ids, past_mask, new_mask, past_kv: list):
         c = self.c
         x = self.model.embed_tokens(input_ids)  # [B,T,E]
         freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B,T,D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * c.rope_scaling).unsqueeze(2).to(x.dtype)  # [B,T,1,D]; angles stay float32
-        sin = (emb.sin() * c.rope_scaling).unsqueeze(2).to(x.dtype)
+        cos = (emb.cos() * c.rope_scaling).to(x.dtype)  # [B,T,D]; angles stay float32
+        sin = (emb.sin() * c.rope_scaling).to(x.dtype)
+        # rotary as one [D,D] matrix per position, built once per step: x @ rope == x*cos + rotate_half(x)*sin
+        rope = self.eye * cos.unsqueeze(-2) + self.rot * sin.unsqueeze(-2)  # [B,T,D,D]
         neg = torch.tensor(float("-inf"))
         zero = torch.tensor(0.0)
         G = c.num_heads // c.num_kv_heads
-        bias_past = torch.where(past_mask, zero, neg)[:, None, None, :].to(x.dtype)  # [B,1,1,S]
-        bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None].to(x.dtype)  # [B,1,G*T,T], row g*T+t
-        new_kv = []
+        B, T = input_ids.shape
+        S = past_mask.shape[1]
+        bias_past = torch.where(past_mask, zero, neg)[:, None, None, :].expand(B, 1, G * T, S)
+        bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None]  # [B,1,G*T,T], row g*T+t
+        bias = torch.cat([bias_past, bias_new], dim=-1).to(x.dtype)  # [B,1,G*T,S+T], once per step
+        kv = []
         for i, layer in enumerate(self.model.layers):
-            x, k, v = layer(x, cos, sin, self.rot, past_kv[2 * i], past_kv[2 * i + 1], bias_past, bias_new)
-            new_kv.append(torch.stack([k, v]))
+            x, k, v = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias)
+            kv += [k, v]
+        new_kv = torch.stack(kv).view(c.num_layers, 2, *kv[0].shape)  # one Concat for the whole step
         logits = self.lm_head(self.model.norm(x)).float()
-        return logits, torch.stack(new_kv)  # [B,T,V], [L,2,B,Hkv,T,D]
+        return logits, new_kv  # [B,T,V], [L,2,B,Hkv,T,D]
 
 
-def stack_projections(sd: dict, num_layers: int) -> dict:
-    """transformers' names -> ours: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj (concatenated)."""
+def stack_projections(sd: dict, num_layers: int, q_scale: float = 1.0) -> dict:
+    """transformers' names -> ours: q/k/v_proj -> qkv_proj (q rows times q_scale, the attention's D^-0.5,
+    exact for D = 64 or 256), gate/up_proj -> gate_up_proj (concatenated)."""
     sd = dict(sd)
     for i in range(num_layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         for kind in ("weight", "bias"):
             if f"{a}q_proj.{kind}" in sd:
-                sd[f"{a}qkv_proj.{kind}"] = torch.cat([sd.pop(f"{a}{n}_proj.{kind}") for n in "qkv"])
+                q = sd.pop(f"{a}q_proj.{kind}") * q_scale
+                sd[f"{a}qkv_proj.{kind}"] = torch.cat([q] + [sd.pop(f"{a}{n}_proj.{kind}") for n in "kv"])
             if f"{m}gate_proj.{kind}" in sd:
                 sd[f"{m}gate_up_proj.{kind}"] = torch.cat([sd.pop(f"{m}{n}_proj.{kind}") for n in ("gate", "up")])
     return sd
@@ -163,7 +169,7 @@ def stack_projections(sd: dict, num_layers: int) -> dict:
 def build(c: GraphConfig, state_dict: dict) -> LlamaGraph:
     """A LlamaGraph with the HF weights loaded (extra layers in state_dict are ignored for early exit)."""
     g = LlamaGraph(c)
-    state_dict = stack_projections(state_dict, c.num_layers)
+    state_dict = stack_projections(state_dict, c.num_layers, q_scale=c.head_dim ** -0.5)
     own = g.state_dict()
     missing = [k for k in own if k not in state_dict and not (k == "lm_head.weight" and c.tie_word_embeddings)]
     if missing:
