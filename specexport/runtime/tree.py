@@ -58,8 +58,9 @@ class SuccessorTable:
             for n in range(2, min(len(c), self.ORDERS) + 1):
                 self.ctx[c[-n:]] = t
 
-    def candidates(self, context: tuple) -> list:
-        """[(kind, token)]: longest context first; kind = (order - 1) * w + rank; a token only once."""
+    def candidates(self, context: tuple, limit: int = 0) -> list:
+        """[(kind, token)]: longest context first; kind = (order - 1) * w + rank; a token only once; at most
+        `limit` (0 = all)."""
         out, seen = [], set()
         for n in range(min(len(context), self.ORDERS), 0, -1):
             c = self.ctx.get(context[-n:]) if n > 1 else self.succ[context[-1]].tolist()
@@ -67,7 +68,7 @@ class SuccessorTable:
                 if t >= 0 and t not in seen:
                     seen.add(t)
                     out.append(((n - 1) * self.width + r, t))
-        return out
+        return out[:limit] if limit else out
 
     def observe_sequence(self, tokens: list, start: int, logits: np.ndarray) -> None:
         """logits row j predicts what follows tokens[start + j] (a prefill chunk)."""
@@ -102,8 +103,10 @@ class RecycleDrafter:
     tree = True
     run_s = 0.0  # drafting runs no model
 
-    def __init__(self, table: SuccessorTable, max_n: int = 3, decay: float = 0.95):
-        self.table, self.decay = table, decay
+    def __init__(self, table: SuccessorTable, max_n: int = 3, decay: float = 0.95, limit: int = 8):
+        # limit: candidate children per node, longest context first (13 Spec-Bench questions: tau 1.59 with 8
+        # against 1.55 with all ~24, same host time; learning only from the accepted path lost: tau 1.49)
+        self.table, self.decay, self.limit = table, decay, limit
         self.lookup = NgramDrafter(max_n)
         w = table.width
         self.LOOKUP = SuccessorTable.ORDERS * w  # the prompt-lookup child's kind; table kinds are below it
@@ -125,7 +128,7 @@ class RecycleDrafter:
         where: dict = {}  # (parent, token) -> node
 
         def expand(i):
-            c = self.table.candidates(tree.ctx[i])
+            c = self.table.candidates(tree.ctx[i], self.limit)
             k = on_chain[i]
             if k is not None and k < len(chain):
                 c.append((self.LOOKUP, chain[k]))
