@@ -9,7 +9,7 @@ specexport fetch-smollm2 --out models/smollm2-135m
   || specexport build --target smollm2-135m --draft self:int4 --k 2,4,8 --capacity 2048 --out bundles/smollm2 --force
 specexport inspect bundles/smollm2
 PROMPT="Summarize in two sentences: The quick brown fox jumps over the lazy dog. The dog, annoyed, chases the fox across the field, but the fox is faster and escapes into the forest."
-for d in none ngram model; do
+for d in none ngram recycle model; do
   echo "== draft: $d"
   specexport generate bundles/smollm2 --chat --prompt "$PROMPT" --max-new-tokens 96 --draft "$d" --stats
 done
