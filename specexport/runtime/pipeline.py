@@ -150,6 +150,7 @@ class Pipeline:
                 steps.close()
                 break
         g.token_ids = g.token_ids[:cfg.max_new_tokens]
+        g.stats.new_tokens = len(g.token_ids)  # delivered: a step may have accepted tokens past the EOS or stop
 
     def generate(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Generation:
         g = Generation()
