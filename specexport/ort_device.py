@@ -21,7 +21,7 @@ import torch
 
 from .bundle import ModelEntry
 from .runtime.backends import StepOut
-from .torch_backend import TorchRingKV
+from .torch_backend import TorchRingKV, fill_inputs, static_buffers
 
 
 class OrtDeviceBackend:
@@ -61,16 +61,7 @@ class OrtDeviceBackend:
         key = (id(self), T, cache.S, cache.data.data_ptr())
         b = cache.scratch.get(key)
         if b is None:
-            L, Hkv, _, D = self.shape
-            dev = self.device
-            b = cache.scratch[key] = {
-                "input_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
-                "position_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
-                "past_mask": torch.zeros(1, cache.S, dtype=torch.bool, device=dev),
-                "new_mask": torch.zeros(1, T, T, dtype=torch.bool, device=dev),
-                "logits": torch.empty(1, T, self.vocab, dtype=torch.float32, device=dev),
-                "new_kv": torch.empty(L, 2, 1, Hkv, T, D, dtype=torch.float32, device=dev),
-            }
+            b = cache.scratch[key] = static_buffers(self.shape, self.vocab, T, cache.S, self.device)
             io = self.session.io_binding()
             elem = {torch.int64: np.int64, torch.bool: np.bool_, torch.float32: np.float32}
             for name, t in b.items():
@@ -88,12 +79,7 @@ class OrtDeviceBackend:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
         cache.reserve(start + T)
         b = self._buffers(cache, T)  # after reserve: a grown cache is a new buffer with new bindings
-        pos = np.arange(start, start + T) if positions is None else np.asarray(positions)
-        mask = np.tril(np.ones((T, T), bool))[None] if new_mask is None else np.asarray(new_mask)
-        b["input_ids"].copy_(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None])
-        b["position_ids"].copy_(torch.as_tensor(pos.astype(np.int64))[None])
-        b["past_mask"].copy_(torch.as_tensor(cache.mask()))
-        b["new_mask"].copy_(torch.as_tensor(mask))
+        fill_inputs(b, cache, ids, start, new_mask, positions)
         ro = None
         if self.cuda_graphs:
             ro = self._ort.RunOptions()

@@ -35,6 +35,26 @@ class TorchRingKV(RingKV):
         return torch.as_tensor(np.asarray(idx), device=self.device)
 
 
+def static_buffers(shape: tuple, vocab: int, T: int, S: int, device) -> dict:
+    """Fixed-address step inputs and outputs (IO binding, TensorRT tensor addresses, graph capture)."""
+    L, Hkv, _, D = shape
+    z = lambda *s, dt=torch.bool: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
+    return {"input_ids": z(1, T, dt=torch.int64), "position_ids": z(1, T, dt=torch.int64),
+            "past_mask": z(1, S), "new_mask": z(1, T, T),
+            "logits": z(1, T, vocab, dt=torch.float32), "new_kv": z(L, 2, 1, Hkv, T, D, dt=torch.float32)}
+
+
+def fill_inputs(b: dict, cache, ids, start: int, new_mask=None, positions=None) -> None:
+    """Copy one step's inputs into its static buffers (default positions start.., causal new_mask)."""
+    T = len(ids)
+    pos = np.arange(start, start + T) if positions is None else np.asarray(positions)
+    mask = np.tril(np.ones((T, T), bool))[None] if new_mask is None else np.asarray(new_mask)
+    b["input_ids"].copy_(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None], non_blocking=True)
+    b["position_ids"].copy_(torch.as_tensor(pos.astype(np.int64))[None], non_blocking=True)
+    b["past_mask"].copy_(torch.as_tensor(cache.mask()), non_blocking=True)
+    b["new_mask"].copy_(torch.as_tensor(mask), non_blocking=True)
+
+
 def load_state_dict(path: Path) -> dict:
     from safetensors.torch import load_file
 

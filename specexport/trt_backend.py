@@ -11,13 +11,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .bundle import BundleError, ModelEntry
 from .exporter.tensorrt import environment, mismatch
 from .runtime.backends import StepOut
-from .torch_backend import TorchRingKV
+from .torch_backend import TorchRingKV, fill_inputs, static_buffers
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
 
@@ -58,14 +57,7 @@ class TrtBackend:
         key = (id(self), T, cache.S, cache.data.data_ptr())
         b = cache.scratch.get(key)
         if b is None:
-            L, Hkv, _, D = self.shape
-            dev = self.device
-            b = {"input_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
-                 "position_ids": torch.zeros(1, T, dtype=torch.int64, device=dev),
-                 "past_mask": torch.zeros(1, cache.S, dtype=torch.bool, device=dev),
-                 "new_mask": torch.zeros(1, T, T, dtype=torch.bool, device=dev),
-                 "logits": torch.empty(1, T, self.vocab, dtype=torch.float32, device=dev),
-                 "new_kv": torch.empty(L, 2, 1, Hkv, T, D, dtype=torch.float32, device=dev)}
+            b = static_buffers(self.shape, self.vocab, T, cache.S, self.device)
             ctx = self.contexts[T]
             for name, t in b.items():
                 if name not in ("logits", "new_kv"):
@@ -98,14 +90,9 @@ class TrtBackend:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
         cache.reserve(start + T)
         b = self._buffers(cache, T)
-        pos = np.arange(start, start + T) if positions is None else np.asarray(positions)
-        mask = np.tril(np.ones((T, T), bool))[None] if new_mask is None else np.asarray(new_mask)
         t = time.perf_counter()
         with torch.cuda.stream(self.stream):
-            b["input_ids"].copy_(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None], non_blocking=True)
-            b["position_ids"].copy_(torch.as_tensor(pos.astype(np.int64))[None], non_blocking=True)
-            b["past_mask"].copy_(torch.as_tensor(cache.mask()), non_blocking=True)
-            b["new_mask"].copy_(torch.as_tensor(mask), non_blocking=True)
+            fill_inputs(b, cache, ids, start, new_mask, positions)
             self._run(b, T)
             logits = b["logits"][0].cpu().numpy()  # synchronises: the one device-to-host copy of a step
             new_kv = b["new_kv"].clone()
