@@ -1,0 +1,24 @@
+"""`specexport bench` end to end on a tiny bundle: records, the Spec-Bench-style table, the plot."""
+import json
+
+from specexport.cli import main
+
+
+def test_bench_writes_records_table_and_plot(bundle_noisy, tmp_path):
+    qs = tmp_path / "question.jsonl"
+    turns = [("writing", "hello world, hello world"), ("writing", "abc abc abc"), ("math", "Q: 12+7? A:")]
+    qs.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]})
+                            for i, (c, t) in enumerate(turns)))
+    out = tmp_path / "out"
+    methods = ["se-none", "se-ngram-k2", "se-recycle-k2"]
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--per-category", "1", "--max-new-tokens", "12",
+                 "--methods", ",".join(methods), "--out", str(out)]) == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert [(r["question_id"], r["method"]) for r in records] == [(q, m) for q in (0, 2) for m in methods]
+    assert all(r["identical"] and r["new_tokens"] > 0 and r["bandwidth_gbs"] > 0 for r in records)
+    table = (out / "summary.md").read_text()
+    assert "| method | writing | math | overall |" in table
+    for m in methods:
+        assert f"| {m} |" in table
+    assert "Memory floor" in table and "Plain decode step (se-none, inside ORT)" in table
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
