@@ -109,7 +109,7 @@ class RecycleDrafter:
         self.table, self.decay, self.limit = table, decay, limit
         self.lookup = NgramDrafter(max_n)
         w = table.width
-        self.LOOKUP = SuccessorTable.ORDERS * w  # the prompt-lookup child's kind; table kinds are below it
+        self.lookup_kind = SuccessorTable.ORDERS * w  # the prompt-lookup child's kind; table kinds are below it
         prior = [0.4 / (r + 1) * (1 + 0.3 * o) for o in range(SuccessorTable.ORDERS) for r in range(w)] + [0.3]
         self.hits = np.array(prior) * 4  # prior rates, weight 4 trials
         self.trials = np.full(len(prior), 4.0)
@@ -131,7 +131,7 @@ class RecycleDrafter:
             c = self.table.candidates(tree.ctx[i], self.limit)
             k = on_chain[i]
             if k is not None and k < len(chain):
-                c.append((self.LOOKUP, chain[k]))
+                c.append((self.lookup_kind, chain[k]))
             tree.cands.append(c)
             if tree.depth[i] < max_depth:
                 for kind, t in c:
@@ -142,10 +142,10 @@ class RecycleDrafter:
             s, i, kind, t = heapq.heappop(heap)
             j = where.get((i, t))
             if j is not None:  # lookup and the table proposed the same child: keep one, let it follow the chain
-                if kind == self.LOOKUP and on_chain[j] is None:
+                if kind == self.lookup_kind and on_chain[j] is None:
                     on_chain[j] = on_chain[i] + 1
                     if on_chain[j] < len(chain):
-                        tree.cands[j].append((self.LOOKUP, chain[on_chain[j]]))
+                        tree.cands[j].append((self.lookup_kind, chain[on_chain[j]]))
                         if tree.depth[j] < max_depth:
                             heapq.heappush(heap, (-tree.score[j] * rate[kind], j, kind, chain[on_chain[j]]))
                 continue
@@ -155,7 +155,7 @@ class RecycleDrafter:
             tree.depth.append(tree.depth[i] + 1)
             tree.score.append(-s)
             tree.ctx.append((tree.ctx[i] + (t,))[-n:])
-            on_chain.append(on_chain[i] + 1 if kind == self.LOOKUP else None)
+            on_chain.append(on_chain[i] + 1 if kind == self.lookup_kind else None)
             expand(len(tree) - 1)
         return tree
 
