@@ -38,7 +38,8 @@ class SuccessorTable:
 
     ORDERS = 3
 
-    def __init__(self, vocab: int, width: int = 8, max_entries: int = 1 << 20):
+    def __init__(self, vocab: int, width: int = 8, max_entries: int = 1 << 17):
+        # max_entries bounds the 2- and 3-token contexts (~250 bytes each: ~33 MB), about 10k verify steps
         self.width, self.max_entries = width, max_entries
         self.succ = np.full((vocab, width), -1, dtype=np.int64)  # order 1, a dense table
         self.ctx: dict = {}  # (t1, t2) or (t1, t2, t3) -> top-w tuple
@@ -54,7 +55,7 @@ class SuccessorTable:
         self.succ[[c[-1] for c in contexts]] = top
         if len(self.ctx) > self.max_entries:  # a long-lived pipeline: start over rather than grow forever
             self.ctx.clear()
-        for c, t in zip(contexts, top.tolist()):
+        for c, t in zip(contexts, map(tuple, top.tolist())):
             for n in range(2, min(len(c), self.ORDERS) + 1):
                 self.ctx[c[-n:]] = t
 
