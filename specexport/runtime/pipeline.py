@@ -93,7 +93,7 @@ class Pipeline:
         """Validate options against this bundle (before any work)."""
         ks = self.target.entry.verify_ks()
         if draft is None:
-            draft = "model" if self.draft else "ngram"
+            draft = "model" if self.draft else "recycle"  # the best model-free drafter measured (docs/benchmarks.md)
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"
