@@ -18,6 +18,7 @@ speedup.png under --out. Imports torch/transformers only for the hf* methods.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -28,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_METHODS = "hf,hf-pld,ortgenai,se-none,se-ngram-k2,se-ngram-k4,se-model-k2,se-model-k4"
+DEFAULT_METHODS = "hf,hf-pld,ortgenai,se-none,se-ngram-k4,se-recycle-k4,se-recycle-k8,se-model-k2"
+if importlib.util.find_spec("llama_cpp"):  # llama.cpp joins when installed (scripts/bench.sh builds it)
+    DEFAULT_METHODS += ",llamacpp"
 
 
 @dataclass(frozen=True)
