@@ -9,6 +9,7 @@ import statistics
 
 import specexport
 from specexport.bench import questions
+from specexport.runtime.tree import SuccessorTable
 
 p = argparse.ArgumentParser()
 p.add_argument("bundle")
@@ -16,18 +17,21 @@ p.add_argument("--questions", default="../shared/specbench/question.jsonl")
 p.add_argument("--per-category", type=int, default=1)
 p.add_argument("--max-new-tokens", type=int, default=64)
 p.add_argument("--k", type=int, default=4)
+p.add_argument("--drafts", default="model,ngram,recycle", help="comma-separated (recycle starts each generation "
+               "with an empty successor table, so repeated prompts teach it nothing)")
 a = p.parse_args()
 pipe = specexport.load(a.bundle)
 qs = questions(a.questions, a.per_category)
 print(f"{len(qs)} questions, {a.max_new_tokens} new tokens, k={a.k}, top-p 0.9, 3 seeds each")
 print("| draft | temperature | sampler | acceptance | tau (tokens per target step) |")
 print("|---|---|---|---|---|")
-for draft in ("model", "ngram"):
+for draft in a.drafts.split(","):
     for temp in (0.7, 1.0):
         for sampler in ("gumbel", "rejection"):
             acc, tau = [], []
             for q in qs:
                 for seed in range(3):
+                    pipe.successors = SuccessorTable(pipe.successors.succ.shape[0])
                     g = pipe.generate(q["turns"][0], chat=True, max_new_tokens=a.max_new_tokens, draft=draft, k=a.k,
                                       temperature=temp, top_p=0.9, seed=seed, sampler=sampler)
                     acc.append(g.stats.accepted / max(g.stats.proposed, 1))
