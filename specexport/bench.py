@@ -335,9 +335,8 @@ def main(argv=None) -> int:
     cfg = BenchConfig(bundle=a.bundle, questions=a.questions, out=a.out, per_category=a.per_category,
                       max_new_tokens=a.max_new_tokens, methods=tuple(a.methods.split(",")), threads=a.threads,
                       ortgenai_model=a.ortgenai_model, gguf=a.gguf)
-    bw = read_bandwidth(cfg.threads)
     records = run(cfg, log=lambda s: print(s, flush=True))
-    text = summarize(records, cfg, bw)
+    text = summarize(records, cfg)  # the memory floor from the per-question bandwidth probes
     (Path(cfg.out) / "summary.md").write_text(text + "\n")
     (Path(cfg.out) / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     plot(records, Path(cfg.out) / "speedup.png")
