@@ -50,12 +50,10 @@ class OrtDeviceBackend:
         self.session = ort.InferenceSession(str(root / entry.graph), so, providers=[(want, opts)])
         self.kv_names = [i["name"] for i in entry.inputs[4:]]
         self._ort = ort
-        self._graph_ids: dict = {}
+        self._graphs = 0  # CUDA graphs captured so far: each static buffer set gets its own gpu_graph_id
 
     def new_cache(self) -> TorchRingKV:
-        c = TorchRingKV(*self.shape, device=self.device)
-        c.scratch = {}  # per generation: static inputs and outputs per (T, S), so threads never share buffers
-        return c
+        return TorchRingKV(*self.shape, device=self.device)
 
     def _buffers(self, cache, T):
         key = (id(self), T, cache.S, cache.data.data_ptr())
@@ -70,7 +68,8 @@ class OrtDeviceBackend:
             for name, t in zip(self.kv_names, cache.views()):
                 io.bind_input(name, self.device.type, self.device.index or 0, np.float32, list(t.shape), t.data_ptr())
             b["io"] = io
-            self._graph_ids.setdefault(key, len(self._graph_ids) + 1)
+            self._graphs += 1
+            b["graph_id"] = str(self._graphs)
         return b
 
     def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
@@ -83,7 +82,7 @@ class OrtDeviceBackend:
         ro = None
         if self.cuda_graphs:
             ro = self._ort.RunOptions()
-            ro.add_run_config_entry("gpu_graph_id", str(self._graph_ids[(id(self), T, cache.S, cache.data.data_ptr())]))
+            ro.add_run_config_entry("gpu_graph_id", b["graph_id"])
         t = time.perf_counter()
         self.session.run_with_iobinding(b["io"], ro)
         logits = b["logits"][0].to("cpu", copy=True).numpy()  # the one device-to-host copy of a step

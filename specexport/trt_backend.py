@@ -49,9 +49,7 @@ class TrtBackend:
         self.kv_names = [i["name"] for i in entry.inputs[4:]]
 
     def new_cache(self) -> TorchRingKV:
-        c = TorchRingKV(*self.shape, device=self.device)
-        c.scratch = {}
-        return c
+        return TorchRingKV(*self.shape, device=self.device)
 
     def _buffers(self, cache, T):
         key = (id(self), T, cache.S, cache.data.data_ptr())
