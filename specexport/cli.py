@@ -22,8 +22,8 @@ def cmd_build(a) -> int:
 
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
-                      target_quant=a.quantize_target or "", engine=a.engine or "",
-                      engine_precision=a.engine_precision)
+                      target_quant=a.quantize_target or "", target_activations=a.target_activations,
+                      engine=a.engine or "", engine_precision=a.engine_precision)
     m = build(cfg, log=lambda s: print(s, flush=True))
     print(summary(m, Path(a.out)))
     return 0
@@ -99,6 +99,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
                    help="ship a weight-only quantised target (MatMulNBits); output is exact w.r.t. that target. "
                    "The float32 graph is still parity-checked first")
+    b.add_argument("--target-activations", choices=["float32", "int8"], default="float32",
+                   help="how the quantised target computes: float32 (default; speculative decoding stays lossless) "
+                   "or int8 (MatMulNBits accuracy level 4: faster plain decoding, but a verify call scores tokens "
+                   "differently from a decode call, so the bundle allows --draft none only)")
     b.add_argument("--engine", choices=["tensorrt"], default=None,
                    help="also build TensorRT engines (one optimisation profile per T) for the GPU of this machine; "
                    "needs TensorRT 10 and an NVIDIA GPU (unverified so far: docs/gpu.md)")

@@ -10,9 +10,9 @@ def test_bench_writes_records_table_and_plot(bundle_noisy, tmp_path):
     qs.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]})
                             for i, (c, t) in enumerate(turns)))
     out = tmp_path / "out"
-    methods = ["se-none", "se-ngram-k2", "se-recycle-k2"]
+    methods = ["se-none", "se-ngram-k2", "se-recycle-k2", "se-none@same"]  # @same: the same bundle loaded again
     assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--per-category", "1", "--max-new-tokens", "12",
-                 "--methods", ",".join(methods), "--out", str(out)]) == 0
+                 "--methods", ",".join(methods), "--extra-bundle", f"same={bundle_noisy}", "--out", str(out)]) == 0
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert [(r["question_id"], r["method"]) for r in records] == [(q, m) for q in (0, 2) for m in methods]
     assert all(r["identical"] and r["new_tokens"] > 0 and r["bandwidth_gbs"] > 0 for r in records)
@@ -22,3 +22,11 @@ def test_bench_writes_records_table_and_plot(bundle_noisy, tmp_path):
         assert f"| {m} |" in table
     assert "Memory floor" in table and "Plain decode step (se-none, inside ORT)" in table
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_refuses_unknown_bundle_tag(bundle_noisy, tmp_path, capsys):
+    qs = tmp_path / "question.jsonl"
+    qs.write_text(json.dumps({"question_id": 0, "category": "writing", "turns": ["hi"]}))
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--methods", "se-none,se-none@x",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--extra-bundle x=PATH" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 import json
 import time
 
+import onnx
 import pytest
 
 from checkpoints import make_checkpoint
@@ -148,10 +149,37 @@ def test_quantized_target(ckpts, tmp_path):
     m = bundle.read(out)
     assert m.target.kind == "int8" and m.target.graph == "target.int8.onnx"
     assert all(r["max_abs"] < 1e-4 for r in m.target.notes["float32_graph_parity"].values())
+    assert m.target.notes["speculative"] and m.target.notes["verify_drift"] < 1e-4
     assert not (out / "target.onnx").exists()
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
+
+
+def test_int8_activations_target_decodes_plainly(ckpts, tmp_path, capsys):
+    """--target-activations int8: built at accuracy level 4, marked not speculative, refused with a draft."""
+    import specexport
+
+    with pytest.raises(ValueError, match="--draft none"):
+        BuildConfig(target="x", out=tmp_path / "z", draft=DraftSpec("int4"), target_quant="int4",
+                    target_activations="int8")
+    with pytest.raises(ValueError, match="--quantize-target"):
+        BuildConfig(target="x", out=tmp_path / "z", target_activations="int8")
+    out = build_bundle(tmp_path / "q", ckpts["target"], ks=(2,), target_quant="int4", target_activations="int8")
+    m = bundle.read(out)
+    assert m.target.notes["activations"] == "int8" and m.target.notes["speculative"] is False
+    graph = onnx.load(str(out / m.target.graph), load_external_data=False)
+    levels = {a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}
+    assert levels == {4}
+    pipe = specexport.load(out)
+    g = pipe.generate("hello world", max_new_tokens=12)
+    assert g.stats.steps == len(g.token_ids) and g.stats.proposed == 0  # default: plain decoding
+    for draft in ("ngram", "recycle"):
+        with pytest.raises(ValueError, match="--target-activations float32"):
+            pipe.generate("hello world", max_new_tokens=12, draft=draft)
+    assert main(["generate", str(out), "--prompt", "hi", "--draft", "ngram"]) == 2
+    assert "not be lossless" in capsys.readouterr().err
     with pytest.raises(ValueError, match="is the target itself"):
         BuildConfig(target="x", out=tmp_path / "z", draft=DraftSpec("int8"), target_quant="int8")
 

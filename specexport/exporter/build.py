@@ -53,6 +53,9 @@ class BuildConfig:
     tolerance: float = 1e-3  # max |logit - eager logit|, float32
     force: bool = False
     target_quant: str = ""  # "", "int4" or "int8": ship a weight-only quantised target (output exact w.r.t. it)
+    # "float32" or "int8": how the quantised target computes (onnxruntime accuracy level 1 or 4); int8 is faster
+    # but a verify call scores a token differently from a decode call, so such a bundle decodes plainly only
+    target_activations: str = "float32"
     engine: str = ""  # "" or "tensorrt": also build TensorRT engines (needs TensorRT and a GPU here)
     engine_precision: str = "fp16"  # fp32 | fp16 | bf16 (a TensorRT builder flag over the float32 ONNX graph)
 
@@ -72,6 +75,14 @@ class BuildConfig:
         if self.target_quant and self.draft.kind == self.target_quant:
             raise ValueError(f"a self:{self.target_quant} draft of an {self.target_quant} target is the target "
                              "itself: use another draft (or --draft none and the ngram drafter)")
+        if self.target_activations not in ("float32", "int8"):
+            raise ValueError(f"--target-activations must be float32 or int8, got {self.target_activations!r}")
+        if self.target_activations == "int8" and not self.target_quant:
+            raise ValueError("--target-activations int8 applies to a quantised target: add --quantize-target int4")
+        if self.target_activations == "int8" and self.draft.kind != "none":
+            raise ValueError("a target with int8 activations decodes plainly only (a verify call would score tokens "
+                             "differently from plain decoding, so speculation would not be lossless): use --draft "
+                             "none, or --target-activations float32 to keep speculative decoding")
         if not self.tolerance > 0:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
         if self.engine not in ("", "tensorrt"):
@@ -131,19 +142,15 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         log(f"  loaded {name} from {path} ({time.perf_counter() - t:.1f} s)")
         return path, hf
 
-    def export_and_check(role, kind, src, hf, gc, profiles, layers=None, quant_of=None, graph_file=None):
+    def export_and_check(role, kind, src, hf, gc, profiles, layers=None, quant_of=None, graph_file=None, level=4):
         t = time.perf_counter()
         graph_file = graph_file or f"{role}.onnx"
         if quant_of is None:
             log(f"[{role}] exporting {gc.num_layers}-layer graph (T symbolic, S={S}) ...")
             onnx.export(llama.build(gc, hf.state_dict()), S, root / graph_file)
         else:
-            log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits) ...")
-            # the target computes in float32 (accuracy level 1): level 4 quantises activations per call and
-            # is not batch-invariant (a row's logits moved by 0.15 between T=1 and T=5 on SmolLM2), which
-            # would break "speculative == plain" for an int4 target; a draft only needs to be fast
-            onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]),
-                          accuracy_level=1 if role == "target" else 4)
+            log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits, accuracy level {level}) ...")
+            onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]), accuracy_level=level)
         timings[f"{role}_export_s"] = round(time.perf_counter() - t, 1)
         log(f"  {timings[f'{role}_export_s']:.1f} s")
         inputs, outputs = onnx.io_spec(gc)
@@ -163,7 +170,15 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
             raise ParityError(f"{role}: exported graph differs from transformers eager by {worst:.3g} > tolerance "
                               f"{cfg.tolerance:g}; the export is wrong for this checkpoint (report it), or "
                               "raise --tolerance if the difference is expected")
-        return dataclasses.replace(entry, parity=rep)
+        notes = {}
+        if role == "target":  # does a verify call score tokens as plain decoding does? (losslessness)
+            notes["verify_drift"] = parity.verify_drift(OrtBackend(root, entry, bundle.buckets_for(S)))
+            log(f"  one verify call vs one decode call per token: max|dlogit| {notes['verify_drift']:.2e}")
+            if level != 4 and not notes["verify_drift"] <= cfg.tolerance:
+                raise ParityError(f"target: a verify call scores tokens differently from plain decoding by "
+                                  f"{notes['verify_drift']:.3g} > tolerance {cfg.tolerance:g}; speculative output "
+                                  "would not match plain decoding (report it)")
+        return dataclasses.replace(entry, parity=rep, notes=notes)
 
     # ---- target
     t_path, t_hf = load(cfg.target)
@@ -189,10 +204,16 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         entries["draft"] = export_and_check("draft", d.kind, {"name": cfg.target, "quantised": d.kind},
                                             t_hf, t_gc, draft_profiles, quant_of="target")
     if cfg.target_quant:  # after the drafts: a self:int4/int8 draft is cut from the float32 target graph
-        fp32 = entries["target"]
+        # float32 activations (level 1) keep speculation lossless; int8 (level 4) quantises each row's activations
+        # and one float rounding difference between a verify and a decode call flips a quantisation step that
+        # cascades (SmolLM2 int4: rows after the first of a verify call moved by 0.5-1.3 logits)
+        fp32, int8 = entries["target"], cfg.target_activations == "int8"
         q = export_and_check("target", cfg.target_quant, {**fp32.source, "quantised": cfg.target_quant}, t_hf, t_gc,
-                             target_profiles, quant_of="target", graph_file=f"target.{cfg.target_quant}.onnx")
-        entries["target"] = dataclasses.replace(q, notes={"float32_graph_parity": fp32.parity})
+                             target_profiles, quant_of="target", graph_file=f"target.{cfg.target_quant}.onnx",
+                             level=4 if int8 else 1)
+        entries["target"] = dataclasses.replace(q, notes={**q.notes, "float32_graph_parity": fp32.parity,
+                                                          "activations": cfg.target_activations,
+                                                          "speculative": not int8})
         (root / "target.onnx").unlink()
         (root / "target.onnx.data").unlink()
     if cfg.engine:

@@ -92,8 +92,15 @@ class Pipeline:
                sampler="gumbel", ngram=3) -> DecodeConfig:
         """Validate options against this bundle (before any work)."""
         ks = self.target.entry.verify_ks()
-        if draft is None:
-            draft = "model" if self.draft else "recycle"  # the best model-free drafter measured (docs/benchmarks.md)
+        speculative = self.target.entry.notes.get("speculative", True)
+        if draft is None:  # recycle: the best model-free drafter measured (docs/benchmarks.md)
+            draft = "none" if not speculative else "model" if self.draft else "recycle"
+        if draft != "none" and not speculative:
+            raise ValueError(f"this bundle's target computes with {self.target.entry.notes.get('activations')} "
+                             "activations: a verify call scores tokens differently from plain decoding (max "
+                             f"|dlogit| {self.target.entry.notes.get('verify_drift', float('nan')):.2g}), so "
+                             "speculation would not be lossless; use draft='none', or rebuild with "
+                             "--target-activations float32")
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"
