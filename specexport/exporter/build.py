@@ -254,6 +254,10 @@ def summary(m: Manifest, root: Path | None = None) -> str:
         for name, p in e.parity.items():
             lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
                          f"top-1 {p['top1']:.2f}")
+        if "verify_drift" in e.notes:
+            plain_only = "" if e.notes.get("speculative", True) else \
+                f" ({e.notes.get('activations')} activations: plain decoding only)"
+            lines.append(f"  verify vs decode max|dlogit| {e.notes['verify_drift']:.2e}{plain_only}")
     lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
                  f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
     if root is not None:
