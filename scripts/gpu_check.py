@@ -46,7 +46,8 @@ def prepare(pack: Path) -> None:
     target = make_checkpoint(pack / "ckpt-target", layers=3, seed=0, logit_scale=4.0)
     draft = perturbed_copy(target, pack / "ckpt-draft", noise=0.3)
     build(BuildConfig(target=str(target), out=pack / "bundle", draft=DraftSpec.parse(str(draft)), ks=(1, 2, 4, 8),
-                      capacity=256, prefill_chunk=16, force=True), log=lambda s: None)
+                      capacity=256, prefill_chunk=16, force=True, attention="portable"),  # device backends bind it
+          log=lambda s: None)
     pipe = specexport.load(pack / "bundle")
     hf = AutoModelForCausalLM.from_pretrained(target, attn_implementation="eager").eval()
     cases = []

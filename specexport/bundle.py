@@ -35,6 +35,9 @@ class ModelEntry:
     parity_tolerance: float | None
     notes: dict = field(default_factory=dict)
     engine: dict = field(default_factory=dict)  # TensorRT engine record (exporter/tensorrt.py), {} if none
+    # "portable": attention from standard ONNX ops (any runtime, TensorRT); "fused": onnxruntime's
+    # GroupQueryAttention contrib op, which writes the step's K/V into free cache slots in place
+    attention: str = "portable"
 
     def verify_ks(self) -> list[int]:
         return sorted(int(n.split("_")[1]) for n in self.profiles if n.startswith("verify_"))

@@ -23,7 +23,7 @@ def cmd_build(a) -> int:
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
                       target_quant=a.quantize_target or "", target_activations=a.target_activations,
-                      engine=a.engine or "", engine_precision=a.engine_precision)
+                      engine=a.engine or "", engine_precision=a.engine_precision, attention=a.attention or "")
     m = build(cfg, log=lambda s: print(s, flush=True))
     print(summary(m, Path(a.out)))
     return 0
@@ -103,6 +103,10 @@ def parser() -> argparse.ArgumentParser:
                    help="how the quantised target computes: float32 (default; speculative decoding stays lossless) "
                    "or int8 (MatMulNBits accuracy level 4: faster plain decoding, but a verify call scores tokens "
                    "differently from a decode call, so the bundle allows --draft none only)")
+    b.add_argument("--attention", choices=["fused", "portable"], default=None,
+                   help="fused: onnxruntime's GroupQueryAttention op, which attends over the cached tokens only and "
+                   "writes the new K/V in place (default without --engine); portable: standard ONNX ops, for "
+                   "TensorRT and the device backends (default with --engine)")
     b.add_argument("--engine", choices=["tensorrt"], default=None,
                    help="also build TensorRT engines (one optimisation profile per T) for the GPU of this machine; "
                    "needs TensorRT 10 and an NVIDIA GPU (unverified so far: docs/gpu.md)")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .bundle import ModelEntry
+from .bundle import BundleError, ModelEntry
 from .runtime.backends import StepOut
 from .torch_backend import TorchRingKV, fill_inputs, static_buffers
 
@@ -29,6 +29,10 @@ class OrtDeviceBackend:
                  cuda_graphs: bool = False, threads: int | None = None):
         import onnxruntime as ort
 
+        if entry.attention != "portable":
+            raise BundleError(f"the bundle's {entry.role} was built with --attention {entry.attention} "
+                              "(onnxruntime's GroupQueryAttention, CPU runtime); the onnxruntime-device backend "
+                              "binds a portable graph: rebuild with --attention portable")
         self.device = torch.device(device)
         kind = self.device.type
         want = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}[kind]

@@ -27,7 +27,6 @@ class TorchRingKV(RingKV):
     def __init__(self, layers, kv_heads, buckets, head_dim, device, dtype=torch.float32):
         self.device, self.torch_dtype = device, dtype  # before RingKV.__init__, which allocates through _zeros
         super().__init__(layers, kv_heads, buckets, head_dim)
-        self.scratch: dict = {}  # a backend's static step buffers for this generation (threads never share them)
 
     def _zeros(self, shape, dtype):
         return torch.zeros(shape, dtype=self.torch_dtype, device=self.device)

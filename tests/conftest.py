@@ -32,3 +32,10 @@ def build_bundle(out, target, draft="none", ks=(1, 2, 4), capacity=96, chunk=8, 
 @pytest.fixture(scope="session")
 def bundle_noisy(ckpts, tmp_path_factory):
     return build_bundle(tmp_path_factory.mktemp("b") / "noisy", ckpts["target"], ckpts["noisy"])
+
+
+@pytest.fixture(scope="session")
+def bundle_portable(ckpts, tmp_path_factory):
+    """bundle_noisy with standard-ONNX attention (the device backends and TensorRT need it)."""
+    return build_bundle(tmp_path_factory.mktemp("b") / "portable", ckpts["target"], ckpts["noisy"],
+                        attention="portable")

@@ -27,9 +27,33 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     ckpt_bytes = (ckpts["target"] / "model.safetensors").stat().st_size
     assert (bundle_noisy / "target.onnx.data").stat().st_size <= 1.1 * ckpt_bytes
     assert m.tokenizer["eos_token_ids"] == [2] and "<assistant>" in m.tokenizer["chat_template"]
+    # fused attention by default: onnxruntime's GroupQueryAttention, cache buffers bound as past and present
+    assert m.target.attention == m.draft.attention == "fused"
     names = [i["name"] for i in m.target.inputs]
-    assert names[:4] == ["input_ids", "position_ids", "past_mask", "new_mask"] and names[4] == "past_key.0"
+    assert names[:5] == ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len"]
+    assert names[5] == "past_key.0" and [o["name"] for o in m.target.outputs][:3] == ["logits", "new_kv", "present_key.0"]
+    graph = onnx.load(str(bundle_noisy / "target.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == m.target.arch["num_layers"]
+
+
+def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path):
+    """--attention portable (standard ONNX ops: TensorRT, device backends) generates what fused does."""
+    import specexport
+
+    out = bundle_portable
+    m = bundle.read(out)
+    names = [i["name"] for i in m.target.inputs]
+    assert m.target.attention == "portable" and names[:4] == ["input_ids", "position_ids", "past_mask", "new_mask"]
     assert m.target.inputs[3]["shape"] == [1, "T", "T"]  # the tree-mask input, causal by default
+    fused, portable = specexport.load(bundle_noisy), specexport.load(out)
+    for draft, k in [("none", 1), ("model", 4), ("ngram", 2), ("recycle", 4)]:
+        want = fused.generate("hello world hello", max_new_tokens=24, draft=draft, k=k)
+        got = portable.generate("hello world hello", max_new_tokens=24, draft=draft, k=k)
+        assert got.token_ids == want.token_ids, draft
+        assert got.stats.steps == want.stats.steps or draft == "recycle"  # its tree size follows measured times
+    with pytest.raises(ValueError, match="--attention portable"):
+        BuildConfig(target="x", out=tmp_path / "z", engine="tensorrt", attention="fused")
+    assert BuildConfig(target="x", out=tmp_path / "z", engine="tensorrt").attention == "portable"
 
 
 @pytest.mark.parametrize("spec,kind", [("self:int8", "int8"), ("self:int4", "int4"), ("self:layers=2", "early-exit")])

@@ -40,10 +40,15 @@ def test_cuda_graph_replay_matches_eager_and_cpu(bundle_noisy):
         assert graphs.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want
 
 
-def test_onnxruntime_device_backend_matches_onnxruntime(bundle_noisy):
-    """IO binding by pointer into a torch-resident ring buffer (the CUDA EP's code path, run on the CPU EP)."""
+def test_onnxruntime_device_backend_matches_onnxruntime(bundle_noisy, bundle_portable):
+    """IO binding by pointer into a torch-resident ring buffer (the CUDA EP's code path, run on the CPU EP);
+    it binds the portable graph and refuses a fused one at load."""
+    from specexport.bundle import BundleError
+
+    with pytest.raises(BundleError, match="--attention portable"):
+        specexport.load(bundle_noisy, backend="onnxruntime-device", device="cpu")
     ort_pipe = specexport.load(bundle_noisy)
-    dev_pipe = specexport.load(bundle_noisy, backend="onnxruntime-device", device="cpu")
+    dev_pipe = specexport.load(bundle_portable, backend="onnxruntime-device", device="cpu")
     for p in PROMPTS:
         for draft, k in [("none", 4), ("model", 2), ("ngram", 4), ("recycle", 4)]:
             a = ort_pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids
@@ -52,13 +57,13 @@ def test_onnxruntime_device_backend_matches_onnxruntime(bundle_noisy):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-def test_onnxruntime_cuda_matches_cpu(bundle_noisy):
+def test_onnxruntime_cuda_matches_cpu(bundle_noisy, bundle_portable):
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime has no CUDA execution provider here (onnxruntime-gpu not installed)")
     cpu = specexport.load(bundle_noisy)
-    cuda = specexport.load(bundle_noisy, backend="onnxruntime-device", device="cuda")
+    cuda = specexport.load(bundle_portable, backend="onnxruntime-device", device="cuda")
     for p in PROMPTS:
         want = cpu.generate(p, max_new_tokens=30, draft="none").token_ids
         assert cuda.generate(p, max_new_tokens=30, draft="model", k=2).token_ids == want

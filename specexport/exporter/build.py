@@ -57,6 +57,9 @@ class BuildConfig:
     # but a verify call scores a token differently from a decode call, so such a bundle decodes plainly only
     target_activations: str = "float32"
     engine: str = ""  # "" or "tensorrt": also build TensorRT engines (needs TensorRT and a GPU here)
+    # "fused" (onnxruntime GroupQueryAttention; the CPU default) or "portable" (standard ONNX ops: TensorRT,
+    # the device backends); "" picks portable with --engine, else fused
+    attention: str = ""
     engine_precision: str = "fp16"  # fp32 | fp16 | bf16 (a TensorRT builder flag over the float32 ONNX graph)
 
     def __post_init__(self):
@@ -87,6 +90,12 @@ class BuildConfig:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
         if self.engine not in ("", "tensorrt"):
             raise ValueError(f"--engine must be tensorrt (or left out), got {self.engine!r}")
+        if self.attention not in ("", "fused", "portable"):
+            raise ValueError(f"--attention must be fused or portable, got {self.attention!r}")
+        if self.engine and self.attention == "fused":
+            raise ValueError("--engine tensorrt needs --attention portable: TensorRT has no GroupQueryAttention")
+        if not self.attention:
+            object.__setattr__(self, "attention", "portable" if self.engine else "fused")
         if self.engine_precision not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"--engine-precision must be fp32, fp16 or bf16, got {self.engine_precision!r}")
 
@@ -147,16 +156,16 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         graph_file = graph_file or f"{role}.onnx"
         if quant_of is None:
             log(f"[{role}] exporting {gc.num_layers}-layer graph (T symbolic, S={S}) ...")
-            onnx.export(llama.build(gc, hf.state_dict()), S, root / graph_file)
+            onnx.export(llama.build(gc, hf.state_dict()), S, root / graph_file, attention=cfg.attention)
         else:
             log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits, accuracy level {level}) ...")
             onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]), accuracy_level=level)
         timings[f"{role}_export_s"] = round(time.perf_counter() - t, 1)
         log(f"  {timings[f'{role}_export_s']:.1f} s")
-        inputs, outputs = onnx.io_spec(gc)
+        inputs, outputs = onnx.io_spec(gc, attention=cfg.attention)
         entry = ModelEntry(role=role, kind=kind, source=src, arch=gc.summary(), graph=graph_file,
                            weights=graph_file + ".data", profiles=profiles, inputs=inputs, outputs=outputs,
-                           parity={}, parity_tolerance=None if quant_of else cfg.tolerance)
+                           parity={}, parity_tolerance=None if quant_of else cfg.tolerance, attention=cfg.attention)
         t = time.perf_counter()
         log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
         rep = parity.check(hf, OrtBackend(root, entry, bundle.buckets_for(S)), layers=layers)
@@ -231,7 +240,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         tokenizer=tok,
         files={f: bundle.sha256(root / f) for f in files},
         build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S,
-               "target_quant": cfg.target_quant, "engine": cfg.engine,
+               "target_quant": cfg.target_quant, "engine": cfg.engine, "attention": cfg.attention,
                "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "

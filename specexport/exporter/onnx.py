@@ -16,38 +16,57 @@ from pathlib import Path
 import torch
 
 from ..graphs.config import GraphConfig
-from ..graphs.llama import LlamaGraph, empty_inputs
+from ..graphs.llama import FusedStep, LlamaGraph, empty_inputs
 
 
-def io_spec(c: GraphConfig, B: int = 1) -> tuple[list, list]:
-    """Input and output names, shapes and dtypes ("T": new tokens of a profile, "S": a capacity bucket)."""
+ATTENTION = ("fused", "portable")
+
+
+def io_spec(c: GraphConfig, B: int = 1, attention: str = "portable") -> tuple[list, list]:
+    """Input and output names, shapes and dtypes ("T": new tokens of a profile, "S": a capacity bucket,
+    "L": cached + new tokens). The first four inputs are the step's; the rest are past_key/value.i."""
     S = "S"
     kv = [B, c.num_kv_heads, S, c.head_dim]
+    layers = [(i, n) for i in range(c.num_layers) for n in ("key", "value")]
+    step = ([{"name": "past_mask", "shape": [B, S], "dtype": "bool"},
+             {"name": "new_mask", "shape": [B, "T", "T"], "dtype": "bool"}] if attention == "portable" else
+            [{"name": "attn_bias", "shape": [B, 1, "T", "L"], "dtype": "float32"},
+             {"name": "seqlens_k", "shape": [B], "dtype": "int32"},
+             {"name": "total_len", "shape": [], "dtype": "int32"}])
     inputs = [
         {"name": "input_ids", "shape": [B, "T"], "dtype": "int64"},
         {"name": "position_ids", "shape": [B, "T"], "dtype": "int64"},
-        {"name": "past_mask", "shape": [B, S], "dtype": "bool"},
-        {"name": "new_mask", "shape": [B, "T", "T"], "dtype": "bool"},
-    ] + [{"name": f"past_{n}.{i}", "shape": kv, "dtype": "float32"}
-         for i in range(c.num_layers) for n in ("key", "value")]
+    ] + step + [{"name": f"past_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
     outputs = [
         {"name": "logits", "shape": [B, "T", c.vocab_size], "dtype": "float32"},
         {"name": "new_kv", "shape": [c.num_layers, 2, B, c.num_kv_heads, "T", c.head_dim], "dtype": "float32"},
-    ]
+    ] + ([{"name": f"present_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
+         if attention == "fused" else [])
     return inputs, outputs
 
 
-def export(graph: LlamaGraph, S: int, path: Path) -> None:
+def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -> None:
     """Write `path` (graph) and `path`.data (weights) for a step graph with symbolic T and S <= capacity S."""
     c = graph.c
-    inputs, outputs = io_spec(c)
+    inputs, outputs = io_spec(c, attention=attention)
     T = torch.export.Dim("T", min=1, max=S)
     Sd = torch.export.Dim("S", min=2, max=max(S, 4))
-    dynamic = {"input_ids": {1: T}, "position_ids": {1: T}, "past_mask": {1: Sd}, "new_mask": {1: T, 2: T},
-               "past_kv": [{2: Sd}] * (2 * c.num_layers)}
+    kv = [{2: Sd}] * (2 * c.num_layers)
+    if attention == "portable":
+        model, args = graph, empty_inputs(c, 2, S)
+        dynamic = {"input_ids": {1: T}, "position_ids": {1: T}, "past_mask": {1: Sd}, "new_mask": {1: T, 2: T},
+                   "past_kv": kv}
+    else:
+        ids, pos, _, _, past = empty_inputs(c, 2, S)
+        bias = torch.zeros(1, 1, 2, 5)  # 3 cached + 2 new tokens
+        model, args = FusedStep(graph), (ids, pos, bias, torch.tensor([4], dtype=torch.int32),
+                                         torch.tensor(5, dtype=torch.int32), past)
+        dynamic = {"input_ids": {1: T}, "position_ids": {1: T},
+                   "attn_bias": {2: T, 3: torch.export.Dim("L", min=2, max=max(S, 4))},
+                   "seqlens_k": None, "total_len": None, "past_kv": kv}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(graph, empty_inputs(c, 2, S), str(path), dynamo=True, external_data=True,
+        torch.onnx.export(model, args, str(path), dynamo=True, external_data=True,
                           input_names=[i["name"] for i in inputs], output_names=[o["name"] for o in outputs],
                           dynamic_shapes=dynamic, verbose=False)
     produced = Path(str(path) + ".data")

@@ -73,6 +73,25 @@ class Attention(nn.Module):
         o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(o), k, v
 
+    def fused(self, x, rope, past_k, past_v, bias, seqlens_k, total_len):
+        """The same attention as one onnxruntime GroupQueryAttention node (export only): it reads the first
+        total_len slots of past_k/v, writes this step's K/V into slots total_len-T.. in place (the runtime
+        binds past and present to one buffer) and adds `bias` [B,1,T,total_len] (the tree mask) to its
+        causal mask. Returns (output, k, v, present_k, present_v)."""
+        c = self.c
+        B, T, _ = x.shape
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
+        qk = qkv[:, :, :H + Hkv] @ rope
+        k, v = qk[:, :, H:], qkv[:, :, H + Hkv:]  # [B,T,Hkv,D]
+        o, pk, pv = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::GroupQueryAttention",
+            [qk[:, :, :H].reshape(B, T, H * D), k.reshape(B, T, Hkv * D), v.reshape(B, T, Hkv * D), past_k, past_v,
+             seqlens_k, total_len, None, None, None, bias],
+            dict(num_heads=H, kv_num_heads=Hkv, scale=1.0),  # q rows are pre-scaled (stack_projections)
+            dtypes=[x.dtype] * 3, shapes=[(B, T, H * D), past_k.shape, past_v.shape], version=1)
+        return self.o_proj(o), k.transpose(1, 2), v.transpose(1, 2), pk, pv
+
 
 class MLP(nn.Module):
     """gate and up in one projection (stacked by `build`)."""
@@ -96,11 +115,13 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, rope, past_k, past_v, bias):
-        a, k, v = self.self_attn(self.input_layernorm(x), rope, past_k, past_v, bias)
+    def forward(self, x, rope, past_k, past_v, bias, fused=None):
+        h = self.input_layernorm(x)
+        a, k, v, *present = (self.self_attn.fused(h, rope, past_k, past_v, bias, *fused) if fused
+                             else self.self_attn(h, rope, past_k, past_v, bias))
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, k, v
+        return x, k, v, present
 
 
 class Backbone(nn.Module):
@@ -125,15 +146,24 @@ class LlamaGraph(nn.Module):
         self.register_buffer("rot", rotation(c.head_dim), persistent=False)
         self.register_buffer("eye", torch.eye(c.head_dim), persistent=False)
 
+    def rope(self, position_ids, dtype):
+        """Rotary as one [D,D] matrix per position, built once per step: x @ rope == x*cos + rotate_half(x)*sin."""
+        c = self.c
+        freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B,T,D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos = (emb.cos() * c.rope_scaling).to(dtype)  # [B,T,D]; angles stay float32
+        sin = (emb.sin() * c.rope_scaling).to(dtype)
+        return self.eye * cos.unsqueeze(-2) + self.rot * sin.unsqueeze(-2)  # [B,T,D,D]
+
+    def head(self, x, kv):
+        c = self.c
+        new_kv = torch.stack(kv).view(c.num_layers, 2, *kv[0].shape)  # one Concat for the whole step
+        return self.lm_head(self.model.norm(x)).float(), new_kv  # [B,T,V], [L,2,B,Hkv,T,D]
+
     def forward(self, input_ids, position_ids, past_mask, new_mask, past_kv: list):
         c = self.c
         x = self.model.embed_tokens(input_ids)  # [B,T,E]
-        freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B,T,D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * c.rope_scaling).to(x.dtype)  # [B,T,D]; angles stay float32
-        sin = (emb.sin() * c.rope_scaling).to(x.dtype)
-        # rotary as one [D,D] matrix per position, built once per step: x @ rope == x*cos + rotate_half(x)*sin
-        rope = self.eye * cos.unsqueeze(-2) + self.rot * sin.unsqueeze(-2)  # [B,T,D,D]
+        rope = self.rope(position_ids, x.dtype)
         neg = torch.tensor(float("-inf"))
         zero = torch.tensor(0.0)
         G = c.num_heads // c.num_kv_heads
@@ -144,11 +174,34 @@ class LlamaGraph(nn.Module):
         bias = torch.cat([bias_past, bias_new], dim=-1).to(x.dtype)  # [B,1,G*T,S+T], once per step
         kv = []
         for i, layer in enumerate(self.model.layers):
-            x, k, v = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias)
+            x, k, v, _ = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias)
             kv += [k, v]
-        new_kv = torch.stack(kv).view(c.num_layers, 2, *kv[0].shape)  # one Concat for the whole step
-        logits = self.lm_head(self.model.norm(x)).float()
-        return logits, new_kv  # [B,T,V], [L,2,B,Hkv,T,D]
+        return self.head(x, kv)
+
+
+class FusedStep(nn.Module):
+    """The step with onnxruntime's GroupQueryAttention (export only; `attention="fused"` bundles):
+      inputs   input_ids, position_ids as LlamaGraph; attn_bias float [B,1,T,n+T] (0 or -inf: which of the
+               n cached and T new tokens each new token sees, on top of causal); seqlens_k int32 [B] = n+T-1;
+               total_len int32 [] = n+T; past_kv 2L x [B,Hkv,S,D], slots [0,n) valid, S >= n+T
+      outputs  logits, new_kv as LlamaGraph, then present_key/value.i: the SAME buffers as past_kv (bind
+               them so; the node writes slots n..n+T-1 in place, which are free: rollback is unchanged)."""
+
+    def __init__(self, g: LlamaGraph):
+        super().__init__()
+        self.g = g
+
+    def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, past_kv: list):
+        g = self.g
+        x = g.model.embed_tokens(input_ids)
+        rope = g.rope(position_ids, x.dtype)
+        bias = attn_bias.to(x.dtype)
+        kv, present = [], []
+        for i, layer in enumerate(g.model.layers):
+            x, k, v, p = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, fused=(seqlens_k, total_len))
+            kv += [k, v]
+            present += p
+        return (*g.head(x, kv), *present)
 
 
 def stack_projections(sd: dict, num_layers: int, q_scale: float = 1.0) -> dict:

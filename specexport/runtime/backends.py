@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from ..bundle import ModelEntry
+from ..bundle import BundleError, ModelEntry
 from .kv import RingKV
 
 
@@ -61,7 +61,10 @@ class OrtBackend:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
-        self.kv_names = [i["name"] for i in entry.inputs[4:]]
+        self.kv_names = [i["name"] for i in entry.inputs if i["name"].startswith(("past_key.", "past_value."))]
+        self.fused = entry.attention == "fused"
+        if entry.attention not in ("fused", "portable"):
+            raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
         self._causal = {T: _causal(T) for T in self.profile_ts}
 
     def new_cache(self) -> RingKV:
@@ -78,6 +81,8 @@ class OrtBackend:
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
         cache.reserve(start + T)
+        if self.fused:
+            return self._step_fused(cache, ids, start, new_mask, positions)
         feeds = {
             "input_ids": np.asarray(ids, dtype=np.int64)[None],
             "position_ids": (np.arange(start, start + T, dtype=np.int64) if positions is None
@@ -89,3 +94,45 @@ class OrtBackend:
         t = time.perf_counter()
         logits, new_kv = self.session.run(None, feeds)
         return StepOut(logits[0], new_kv, time.perf_counter() - t)
+
+    def _step_fused(self, cache: RingKV, ids, start, new_mask, positions) -> StepOut:
+        """GroupQueryAttention graph: the cache's layer buffers are bound as both past and present, so the
+        node attends over slots [0, n) + the new tokens and writes their K/V into slots n..n+T-1, which are
+        free (committed rows are copied from new_kv as for the portable graph). No wrap-around: n+T <= S."""
+        T, n = len(ids), cache.n
+        if n + T > cache.S:
+            raise ValueError(f"{self.entry.role}: {n} cached + {T} new tokens exceed the capacity {cache.S} "
+                             "(fused attention does not wrap around): lower max_new_tokens or rebuild with a "
+                             "larger --capacity")
+        bias = np.zeros((1, 1, T, n + T), dtype=np.float32)
+        if new_mask is not None:
+            bias[0, 0, :, n:] = np.where(new_mask[0], 0.0, -np.inf)
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.asarray(ids, dtype=np.int64)[None])
+        io.bind_cpu_input("position_ids", (np.arange(start, start + T, dtype=np.int64) if positions is None
+                                           else np.asarray(positions, dtype=np.int64))[None])
+        io.bind_cpu_input("attn_bias", bias)
+        io.bind_cpu_input("seqlens_k", np.array([n + T - 1], dtype=np.int32))
+        io.bind_cpu_input("total_len", np.array(n + T, dtype=np.int32))
+        io.bind_output("logits", "cpu")
+        io.bind_output("new_kv", "cpu")
+        for name, ov in zip(self.kv_names, ort_views(cache)):
+            io.bind_ortvalue_input(name, ov)
+            io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+        t = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        run_s = time.perf_counter() - t
+        out = io.get_outputs()
+        return StepOut(out[0].numpy()[0], out[1].numpy(), run_s)
+
+
+def ort_views(cache: RingKV) -> list:
+    """onnxruntime values over the cache's layer buffers (no copy), made once per buffer (it changes only
+    when the cache grows to the next bucket)."""
+    import onnxruntime as ort
+
+    data, views = cache.scratch.get("ort", (None, None))
+    if data is not cache.data:  # holding the old buffer keeps its address from being reused before this check
+        views = [ort.OrtValue.ortvalue_from_numpy(v) for v in cache.views()]
+        cache.scratch["ort"] = (cache.data, views)
+    return views

@@ -21,6 +21,7 @@ class RingKV:
         self.data = self._zeros((layers, 2, 1, kv_heads, self.S, head_dim), dtype)  # [L,2,B,Hkv,S,D]
         self.n = 0
         self._slot = np.arange(self.S)
+        self.scratch: dict = {}  # a backend's buffers for this generation (threads never share a cache)
 
     def reserve(self, n: int) -> None:
         """Make room for positions [0, n): grow to the smallest bucket >= n (the largest, at most)."""
