@@ -107,32 +107,34 @@ class OrtBackend:
         bias = np.zeros((1, 1, T, n + T), dtype=np.float32)
         if new_mask is not None:
             bias[0, 0, :, n:] = np.where(new_mask[0], 0.0, -np.inf)
-        io = self.session.io_binding()
-        io.bind_cpu_input("input_ids", np.asarray(ids, dtype=np.int64)[None])
-        io.bind_cpu_input("position_ids", (np.arange(start, start + T, dtype=np.int64) if positions is None
-                                           else np.asarray(positions, dtype=np.int64))[None])
-        io.bind_cpu_input("attn_bias", bias)
-        io.bind_cpu_input("seqlens_k", np.array([n + T - 1], dtype=np.int32))
-        io.bind_cpu_input("total_len", np.array(n + T, dtype=np.int32))
-        io.bind_output("logits", "cpu")
-        io.bind_output("new_kv", "cpu")
-        for name, ov in zip(self.kv_names, ort_views(cache)):
-            io.bind_ortvalue_input(name, ov)
-            io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+        feeds = {"input_ids": np.asarray(ids, dtype=np.int64)[None],
+                 "position_ids": (np.arange(start, start + T, dtype=np.int64) if positions is None
+                                  else np.asarray(positions, dtype=np.int64))[None],
+                 "attn_bias": bias, "seqlens_k": np.array([n + T - 1], dtype=np.int32),
+                 "total_len": np.array(n + T, dtype=np.int32)}
+        logits = np.empty((1, T, self.vocab), dtype=np.float32)
+        L, Hkv, _, D = self.shape
+        new_kv = np.empty((L, 2, 1, Hkv, T, D), dtype=np.float32)
+        io = self._binding(cache)
+        for name, a in feeds.items():
+            io.bind_cpu_input(name, a)
+        for name, a in (("logits", logits), ("new_kv", new_kv)):
+            io.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
         t = time.perf_counter()
         self.session.run_with_iobinding(io)
-        run_s = time.perf_counter() - t
-        out = io.get_outputs()
-        return StepOut(out[0].numpy()[0], out[1].numpy(), run_s)
+        return StepOut(logits[0], new_kv, time.perf_counter() - t)
 
+    def _binding(self, cache: RingKV):
+        """This generation's IO binding, the cache's layer buffers bound (no copy) as past and present once
+        per buffer (it changes only when the cache grows to the next bucket)."""
+        import onnxruntime as ort
 
-def ort_views(cache: RingKV) -> list:
-    """onnxruntime values over the cache's layer buffers (no copy), made once per buffer (it changes only
-    when the cache grows to the next bucket)."""
-    import onnxruntime as ort
-
-    data, views = cache.scratch.get("ort", (None, None))
-    if data is not cache.data:  # holding the old buffer keeps its address from being reused before this check
-        views = [ort.OrtValue.ortvalue_from_numpy(v) for v in cache.views()]
-        cache.scratch["ort"] = (cache.data, views)
-    return views
+        data, io = cache.scratch.get("ort", (None, None))
+        if data is not cache.data:  # holding the old buffer keeps its address from being reused before this check
+            io = self.session.io_binding()
+            for name, view in zip(self.kv_names, cache.views()):
+                ov = ort.OrtValue.ortvalue_from_numpy(view)
+                io.bind_ortvalue_input(name, ov)
+                io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+            cache.scratch["ort"] = (cache.data, io)
+        return io
