@@ -244,7 +244,9 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
                "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "
-                            "output new_kv [L,2,B,Hkv,T,D]; slot = position mod S"})
+                            "output new_kv [L,2,B,Hkv,T,D]; slot = position mod S"
+                            + ("; fused: present_key/value.{i} alias the past buffers (slots n..n+T-1 written)"
+                               if cfg.attention == "fused" else "")})
     (root / bundle.MANIFEST).write_text(m.to_json())
     size = sum((root / f).stat().st_size for f in files)
     log(f"built in {timings['total_s']:.0f} s, {size / 1e6:.0f} MB")

@@ -19,12 +19,9 @@ from ..graphs.config import GraphConfig
 from ..graphs.llama import FusedStep, LlamaGraph, empty_inputs
 
 
-ATTENTION = ("fused", "portable")
-
-
 def io_spec(c: GraphConfig, B: int = 1, attention: str = "portable") -> tuple[list, list]:
     """Input and output names, shapes and dtypes ("T": new tokens of a profile, "S": a capacity bucket,
-    "L": cached + new tokens). The first four inputs are the step's; the rest are past_key/value.i."""
+    "L": cached + new tokens): input_ids, position_ids, the attention kind's mask inputs, past_key/value.i."""
     S = "S"
     kv = [B, c.num_kv_heads, S, c.head_dim]
     layers = [(i, n) for i in range(c.num_layers) for n in ("key", "value")]

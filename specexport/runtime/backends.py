@@ -75,8 +75,8 @@ class OrtBackend:
         """Run T = len(ids) new tokens at positions start.. (or `positions`, for a tree) against `cache`;
         new_mask [1,T,T] says which new tokens each one sees (default causal).
 
-        The cache is read, never written: commit the rows you accept with cache.commit(new_kv, rows).
-        """
+        Committed slots are read, never written (a fused graph writes this step's K/V into the free slots
+        after them): commit the rows you accept with cache.commit(new_kv, rows)."""
         T = len(ids)
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")

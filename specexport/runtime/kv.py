@@ -3,7 +3,8 @@
 The token at absolute position p lives in slot p mod S. `n` is the committed length: positions [0, n) are
 in the cache (only the last S of them, for a sliding-window model). A step's new K/V come back from the
 graph as new_kv [L,2,B,Hkv,T,D]; `commit` copies the accepted rows into their slots and advances n.
-Rejected rows are never written, so rollback is simply committing fewer rows.
+Rejected rows are never committed (a fused step writes its rows into the free slots after n, where the
+next step overwrites them), so rollback is simply committing fewer rows.
 Keys are stored already rotated at their absolute position, so wrap-around needs no re-rotation.
 
 Capacity buckets: the buffer starts at the smallest bucket and `reserve` moves it to the next bucket when
