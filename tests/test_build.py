@@ -2,6 +2,7 @@
 import json
 import time
 
+import numpy as np
 import onnx
 import pytest
 
@@ -31,9 +32,16 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     assert m.target.attention == m.draft.attention == "fused"
     names = [i["name"] for i in m.target.inputs]
     assert names[:5] == ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len"]
-    assert names[5] == "past_key.0" and [o["name"] for o in m.target.outputs][:3] == ["logits", "new_kv", "present_key.0"]
+    assert names[5] == "past_key.0"
+    assert [o["name"] for o in m.target.outputs][:4] == ["logits", "new_kv", "top_ids", "present_key.0"]
     graph = onnx.load(str(bundle_noisy / "target.onnx"), load_external_data=False).graph
     assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == m.target.arch["num_layers"]
+    # the fused graph also ranks each row's top-8 tokens (the recycle drafter's successor table reads them)
+    from specexport.runtime.backends import OrtBackend
+
+    be = OrtBackend(bundle_noisy, m.target, m.buckets)
+    out = be.step(be.new_cache(), [3, 5, 7], 0)
+    assert out.top.shape == (3, 8) and (out.top == np.argsort(-out.logits, axis=1, kind="stable")[:, :8]).all()
 
 
 def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path):

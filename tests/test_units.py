@@ -140,4 +140,7 @@ def test_successor_table_keeps_top_w_in_order_longest_context_first():
     # order 3 first, then what order 1 adds
     assert tab.candidates((2, 8, 6)) == [(2 * w, 9), (2 * w + 1, 0), (2 * w + 2, 1), (0, 5)]
     assert tab.candidates((0, 1, 6)) == [(w, 5), (w + 1, 0), (w + 2, 1)]  # (0, 1, 6) unseen: order 2
+    # ids ranked by the graph (a fused bundle's top_ids) are taken as they are, cut to the table's width
+    tab.observe([(4,)], logits[:1], top=np.array([[8, 2, 5, 1]]))
+    assert tab.succ[4].tolist() == [8, 2, 5]
     assert tab.candidates((3,)) == []

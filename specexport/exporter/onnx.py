@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..graphs.config import GraphConfig
-from ..graphs.llama import FusedStep, LlamaGraph, empty_inputs
+from ..graphs.llama import TOPK, FusedStep, LlamaGraph, empty_inputs
 
 
 def io_spec(c: GraphConfig, B: int = 1, attention: str = "portable") -> tuple[list, list]:
@@ -37,7 +37,8 @@ def io_spec(c: GraphConfig, B: int = 1, attention: str = "portable") -> tuple[li
     outputs = [
         {"name": "logits", "shape": [B, "T", c.vocab_size], "dtype": "float32"},
         {"name": "new_kv", "shape": [c.num_layers, 2, B, c.num_kv_heads, "T", c.head_dim], "dtype": "float32"},
-    ] + ([{"name": f"present_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
+    ] + ([{"name": "top_ids", "shape": [B, "T", TOPK], "dtype": "int64"}]
+         + [{"name": f"present_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
          if attention == "fused" else [])
     return inputs, outputs
 

@@ -21,6 +21,8 @@ from torch import nn
 
 from .config import GraphConfig
 
+TOPK = 8  # a fused graph also outputs each row's top-8 token ids (the recycle drafter's successor table)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -184,8 +186,10 @@ class FusedStep(nn.Module):
       inputs   input_ids, position_ids as LlamaGraph; attn_bias float [B,1,T,n+T] (0 or -inf: which of the
                n cached and T new tokens each new token sees, on top of causal); seqlens_k int32 [B] = n+T-1;
                total_len int32 [] = n+T; past_kv 2L x [B,Hkv,S,D], slots [0,n) valid, S >= n+T
-      outputs  logits, new_kv as LlamaGraph, then present_key/value.i: the SAME buffers as past_kv (bind
-               them so; the node writes slots n..n+T-1 in place, which are free: rollback is unchanged)."""
+      outputs  logits, new_kv as LlamaGraph; top_ids int64 [B,T,TOPK]: each row's largest logits, largest
+               first (what the recycle drafter learns, computed here instead of in Python); then
+               present_key/value.i: the SAME buffers as past_kv (bind them so; the node writes slots
+               n..n+T-1 in place, which are free: rollback is unchanged)."""
 
     def __init__(self, g: LlamaGraph):
         super().__init__()
@@ -201,7 +205,8 @@ class FusedStep(nn.Module):
             x, k, v, p = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, fused=(seqlens_k, total_len))
             kv += [k, v]
             present += p
-        return (*g.head(x, kv), *present)
+        logits, new_kv = g.head(x, kv)
+        return logits, new_kv, torch.topk(logits, TOPK, dim=-1).indices, *present
 
 
 def stack_projections(sd: dict, num_layers: int, q_scale: float = 1.0) -> dict:

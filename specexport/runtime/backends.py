@@ -21,6 +21,7 @@ class StepOut(NamedTuple):
     logits: np.ndarray  # [T,V] float32
     new_kv: np.ndarray  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens
     run_s: float  # seconds inside the backend's run call
+    top: np.ndarray | None = None  # [T,k] int64 each row's largest logits first, when the graph outputs them
 
 
 class Backend(Protocol):
@@ -63,6 +64,7 @@ class OrtBackend:
                                             providers=providers or ["CPUExecutionProvider"])
         self.kv_names = [i["name"] for i in entry.inputs if i["name"].startswith(("past_key.", "past_value."))]
         self.fused = entry.attention == "fused"
+        self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         if entry.attention not in ("fused", "portable"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
         self._causal = {T: _causal(T) for T in self.profile_ts}
@@ -115,14 +117,18 @@ class OrtBackend:
         logits = np.empty((1, T, self.vocab), dtype=np.float32)
         L, Hkv, _, D = self.shape
         new_kv = np.empty((L, 2, 1, Hkv, T, D), dtype=np.float32)
+        outs = {"logits": logits, "new_kv": new_kv}
+        if self.top_k:
+            outs["top_ids"] = np.empty((1, T, self.top_k), dtype=np.int64)
         io = self._binding(cache)
         for name, a in feeds.items():
             io.bind_cpu_input(name, a)
-        for name, a in (("logits", logits), ("new_kv", new_kv)):
-            io.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+        for name, a in outs.items():
+            io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
         t = time.perf_counter()
         self.session.run_with_iobinding(io)
-        return StepOut(logits[0], new_kv, time.perf_counter() - t)
+        top = outs["top_ids"][0] if self.top_k else None
+        return StepOut(logits[0], new_kv, time.perf_counter() - t, top)
 
     def _binding(self, cache: RingKV):
         """This generation's IO binding, the cache's layer buffers bound (no copy) as past and present once

@@ -184,7 +184,7 @@ def generate(target: Backend, drafter, prompt: list[int], cfg: DecodeConfig, sta
     stats.prompt_tokens = len(prompt)
     stats.hist = [0] * (cfg.k + 1)
     cache = target.new_cache()
-    learn = (lambda i, lg: drafter.table.observe_sequence(prompt, i, lg)) if tree else None
+    learn = (lambda i, lg, top: drafter.table.observe_sequence(prompt, i, lg, top)) if tree else None
     _, stats.prefill_s = feed(target, cache, prompt[:-1], learn)
     if drafter is not None:
         drafter.start(prompt)
@@ -205,7 +205,7 @@ def generate(target: Backend, drafter, prompt: list[int], cfg: DecodeConfig, sta
             n = min(T, len(t))
             check_finite(out.logits[:n], "target")
             emitted, rows = accept_tree(out.logits, t, T, N, pick)
-            drafter.verified(t, rows, emitted, out.logits[:n])
+            drafter.verified(t, rows, emitted, out.logits[:n], None if out.top is None else out.top[:n])
             sizer.update(T, out.run_s)
             proposed = n - 1
         else:

@@ -44,14 +44,18 @@ class SuccessorTable:
         self.succ = np.full((vocab, width), -1, dtype=np.int64)  # order 1, a dense table
         self.ctx: dict = {}  # (t1, t2) or (t1, t2, t3) -> top-w tuple
 
-    def observe(self, contexts: list, logits: np.ndarray) -> None:
-        """Row i of logits [n,V] predicts what follows contexts[i] (a tuple of the last <= 3 tokens)."""
-        x = np.array(logits[:len(contexts)], dtype=np.float32)
-        rows = np.arange(len(x))
-        top = np.empty((len(x), self.width), dtype=np.int64)
-        for j in range(self.width):  # w argmax passes: ~10x faster than argpartition over 49k columns
-            top[:, j] = i = x.argmax(axis=1)
-            x[rows, i] = -np.inf
+    def observe(self, contexts: list, logits: np.ndarray, top: np.ndarray | None = None) -> None:
+        """Row i of logits [n,V] predicts what follows contexts[i] (a tuple of the last <= 3 tokens); `top`
+        [n,>=w]: each row's token ids by decreasing logit, when the graph computed them."""
+        if top is not None and top.shape[1] >= self.width:
+            top = top[:len(contexts), :self.width]
+        else:
+            x = np.array(logits[:len(contexts)], dtype=np.float32)
+            rows = np.arange(len(x))
+            top = np.empty((len(x), self.width), dtype=np.int64)
+            for j in range(self.width):  # w argmax passes: ~10x faster than argpartition over 49k columns
+                top[:, j] = i = x.argmax(axis=1)
+                x[rows, i] = -np.inf
         self.succ[[c[-1] for c in contexts]] = top
         if len(self.ctx) > self.max_entries:  # a long-lived pipeline: start over rather than grow forever
             self.ctx.clear()
@@ -71,10 +75,11 @@ class SuccessorTable:
                     out.append(((n - 1) * self.width + r, t))
         return out[:limit] if limit else out
 
-    def observe_sequence(self, tokens: list, start: int, logits: np.ndarray) -> None:
+    def observe_sequence(self, tokens: list, start: int, logits: np.ndarray, top: np.ndarray | None = None) -> None:
         """logits row j predicts what follows tokens[start + j] (a prefill chunk)."""
         n = SuccessorTable.ORDERS
-        self.observe([tuple(tokens[max(0, i - n + 1):i + 1]) for i in range(start, start + len(logits))], logits)
+        ctx = [tuple(tokens[max(0, i - n + 1):i + 1]) for i in range(start, start + len(logits))]
+        self.observe(ctx, logits, top)
 
 
 @dataclass
@@ -160,7 +165,8 @@ class RecycleDrafter:
             expand(len(tree) - 1)
         return tree
 
-    def verified(self, tree: Tree, path: list[int], emitted: list[int], logits: np.ndarray) -> None:
+    def verified(self, tree: Tree, path: list[int], emitted: list[int], logits: np.ndarray,
+                 top: np.ndarray | None = None) -> None:
         """Learn from one verify call: hit rates along the accepted path, successors of every fed node."""
         self.hits *= self.decay
         self.trials *= self.decay
@@ -168,7 +174,7 @@ class RecycleDrafter:
             for kind, t in tree.cands[node]:
                 self.trials[kind] += 1
                 self.hits[kind] += t == tok
-        self.table.observe(tree.ctx[:len(logits)], logits)
+        self.table.observe(tree.ctx[:len(logits)], logits, top)
 
 
 def accept_tree(logits: np.ndarray, tree: Tree, T: int, N: int, pick) -> tuple[list[int], list[int]]:
