@@ -17,7 +17,7 @@ import torch
 from .bundle import ModelEntry
 from .graphs.config import GraphConfig
 from .graphs.llama import build
-from .runtime.backends import StepOut
+from .runtime.backends import StepOut, step_inputs
 from .runtime.kv import RingKV
 
 
@@ -45,14 +45,9 @@ def static_buffers(shape: tuple, vocab: int, T: int, S: int, device) -> dict:
 
 
 def fill_inputs(b: dict, cache, ids, start: int, new_mask=None, positions=None) -> None:
-    """Copy one step's inputs into its static buffers (default positions start.., causal new_mask)."""
-    T = len(ids)
-    pos = np.arange(start, start + T) if positions is None else np.asarray(positions)
-    mask = np.tril(np.ones((T, T), bool))[None] if new_mask is None else np.asarray(new_mask)
-    b["input_ids"].copy_(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None], non_blocking=True)
-    b["position_ids"].copy_(torch.as_tensor(pos.astype(np.int64))[None], non_blocking=True)
-    b["past_mask"].copy_(torch.as_tensor(cache.mask()), non_blocking=True)
-    b["new_mask"].copy_(torch.as_tensor(mask), non_blocking=True)
+    """Copy one step's inputs (runtime.backends.step_inputs) into its static buffers."""
+    for name, a in step_inputs(cache, ids, start, new_mask, positions).items():
+        b[name].copy_(torch.as_tensor(a), non_blocking=True)
 
 
 def load_state_dict(path: Path) -> dict:
@@ -96,12 +91,8 @@ class TorchBackend:
         return TorchRingKV(*self.shape, device=self.device, dtype=self.dtype)
 
     def _inputs(self, cache, ids, start, new_mask, positions):
-        T = len(ids)
-        dev = self.device
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))[None] if new_mask is None else torch.as_tensor(new_mask)
-        return (torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(dev),
-                (torch.arange(start, start + T) if positions is None else torch.as_tensor(positions)).long()[None].to(dev),
-                torch.as_tensor(cache.mask()).to(dev), mask.to(dev), cache.views())
+        x = step_inputs(cache, ids, start, new_mask, positions)
+        return (*(torch.as_tensor(a).to(self.device) for a in x.values()), cache.views())
 
     def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
         T = len(ids)

@@ -33,8 +33,15 @@ class Backend(Protocol):
              positions: np.ndarray | None = None) -> StepOut: ...
 
 
-def _causal(T: int) -> np.ndarray:
-    return np.tril(np.ones((T, T), dtype=bool))[None]  # [B,T,T]
+def step_inputs(cache: RingKV, ids, start: int, new_mask=None, positions=None) -> dict:
+    """A step's token inputs as numpy arrays: positions start.. unless given (a tree's per node), past_mask
+    from the cache, new_mask [1,T,T] causal unless given. Every backend feeds these."""
+    T = len(ids)
+    return {"input_ids": np.asarray(ids, dtype=np.int64)[None],
+            "position_ids": (np.arange(start, start + T) if positions is None else np.asarray(positions))
+            .astype(np.int64)[None],
+            "past_mask": cache.mask(),
+            "new_mask": np.tril(np.ones((T, T), dtype=bool))[None] if new_mask is None else np.asarray(new_mask)}
 
 
 class OrtBackend:
@@ -67,7 +74,6 @@ class OrtBackend:
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         if entry.attention not in ("fused", "portable"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
-        self._causal = {T: _causal(T) for T in self.profile_ts}
 
     def new_cache(self) -> RingKV:
         return RingKV(*self.shape)
@@ -85,13 +91,7 @@ class OrtBackend:
         cache.reserve(start + T)
         if self.fused:
             return self._step_fused(cache, ids, start, new_mask, positions)
-        feeds = {
-            "input_ids": np.asarray(ids, dtype=np.int64)[None],
-            "position_ids": (np.arange(start, start + T, dtype=np.int64) if positions is None
-                             else np.asarray(positions, dtype=np.int64))[None],
-            "past_mask": cache.mask(),
-            "new_mask": self._causal[T] if new_mask is None else new_mask,
-        }
+        feeds = step_inputs(cache, ids, start, new_mask, positions)
         feeds.update(zip(self.kv_names, cache.views()))
         t = time.perf_counter()
         logits, new_kv = self.session.run(None, feeds)
@@ -106,14 +106,11 @@ class OrtBackend:
             raise ValueError(f"{self.entry.role}: {n} cached + {T} new tokens exceed the capacity {cache.S} "
                              "(fused attention does not wrap around): lower max_new_tokens or rebuild with a "
                              "larger --capacity")
+        x = step_inputs(cache, ids, start, new_mask, positions)
         bias = np.zeros((1, 1, T, n + T), dtype=np.float32)
-        if new_mask is not None:
-            bias[0, 0, :, n:] = np.where(new_mask[0], 0.0, -np.inf)
-        feeds = {"input_ids": np.asarray(ids, dtype=np.int64)[None],
-                 "position_ids": (np.arange(start, start + T, dtype=np.int64) if positions is None
-                                  else np.asarray(positions, dtype=np.int64))[None],
-                 "attn_bias": bias, "seqlens_k": np.array([n + T - 1], dtype=np.int32),
-                 "total_len": np.array(n + T, dtype=np.int32)}
+        bias[0, 0, :, n:] = np.where(x["new_mask"][0], 0.0, -np.inf)  # the node's own causal mask adds nothing new
+        feeds = {"input_ids": x["input_ids"], "position_ids": x["position_ids"], "attn_bias": bias,
+                 "seqlens_k": np.array([n + T - 1], dtype=np.int32), "total_len": np.array(n + T, dtype=np.int32)}
         logits = np.empty((1, T, self.vocab), dtype=np.float32)
         L, Hkv, _, D = self.shape
         new_kv = np.empty((L, 2, 1, Hkv, T, D), dtype=np.float32)
