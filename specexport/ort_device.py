@@ -21,10 +21,10 @@ import torch
 
 from .bundle import BundleError, ModelEntry
 from .runtime.backends import StepOut
-from .torch_backend import TorchRingKV, fill_inputs, static_buffers
+from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs
 
 
-class OrtDeviceBackend:
+class OrtDeviceBackend(DeviceSteps):
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cuda",
                  cuda_graphs: bool = False, threads: int | None = None):
         import onnxruntime as ort
@@ -56,14 +56,9 @@ class OrtDeviceBackend:
         self._ort = ort
         self._graphs = 0  # CUDA graphs captured so far: each static buffer set gets its own gpu_graph_id
 
-    def new_cache(self) -> TorchRingKV:
-        return TorchRingKV(*self.shape, device=self.device)
-
     def _buffers(self, cache, T):
-        key = (id(self), T, cache.S, cache.data.data_ptr())
-        b = cache.scratch.get(key)
-        if b is None:
-            b = cache.scratch[key] = static_buffers(self.shape, self.vocab, T, cache.S, self.device)
+        b, new = self._static(cache, T)
+        if new:
             io = self.session.io_binding()
             elem = {torch.int64: np.int64, torch.bool: np.bool_, torch.float32: np.float32}
             for name, t in b.items():

@@ -44,6 +44,24 @@ def static_buffers(shape: tuple, vocab: int, T: int, S: int, device) -> dict:
             "logits": z(1, T, vocab, dt=torch.float32), "new_kv": z(L, 2, 1, Hkv, T, D, dt=torch.float32)}
 
 
+class DeviceSteps:
+    """What the device backends (onnxruntime-device, TensorRT) share: a TorchRingKV cache on their device, and
+    one set of static step buffers per (backend, T, bucket, cache buffer), kept with the generation's cache.
+    Subclasses set shape, vocab and device."""
+
+    def new_cache(self) -> TorchRingKV:
+        return TorchRingKV(*self.shape, device=self.device)
+
+    def _static(self, cache, T) -> tuple[dict, bool]:
+        """-> (buffers, whether they were just made: bind them then)."""
+        key = (id(self), T, cache.S, cache.data.data_ptr())
+        b = cache.scratch.get(key)
+        if b is not None:
+            return b, False
+        b = cache.scratch[key] = static_buffers(self.shape, self.vocab, T, cache.S, self.device)
+        return b, True
+
+
 def fill_inputs(b: dict, cache, ids, start: int, new_mask=None, positions=None) -> None:
     """Copy one step's inputs (runtime.backends.step_inputs) into its static buffers."""
     for name, a in step_inputs(cache, ids, start, new_mask, positions).items():

@@ -16,12 +16,12 @@ import torch
 from .bundle import BundleError, ModelEntry
 from .exporter.tensorrt import environment, mismatch
 from .runtime.backends import StepOut
-from .torch_backend import TorchRingKV, fill_inputs, static_buffers
+from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
 
 
-class TrtBackend:
+class TrtBackend(DeviceSteps):
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cuda", cuda_graphs: bool = True):
         import tensorrt as trt
 
@@ -48,14 +48,9 @@ class TrtBackend:
         self.cuda_graphs = cuda_graphs
         self.kv_names = [i["name"] for i in entry.inputs[4:]]
 
-    def new_cache(self) -> TorchRingKV:
-        return TorchRingKV(*self.shape, device=self.device)
-
     def _buffers(self, cache, T):
-        key = (id(self), T, cache.S, cache.data.data_ptr())
-        b = cache.scratch.get(key)
-        if b is None:
-            b = static_buffers(self.shape, self.vocab, T, cache.S, self.device)
+        b, new = self._static(cache, T)
+        if new:
             ctx = self.contexts[T]
             for name, t in b.items():
                 if name not in ("logits", "new_kv"):
@@ -65,7 +60,6 @@ class TrtBackend:
                 ctx.set_input_shape(name, tuple(t.shape))
                 ctx.set_tensor_address(name, t.data_ptr())
             b["graph"] = None
-            cache.scratch[key] = b
         return b
 
     def _run(self, b, T):
