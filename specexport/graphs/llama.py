@@ -54,17 +54,23 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(c.hidden_size, (h + 2 * kv) * d, bias=c.qkv_bias)
         self.o_proj = nn.Linear(h * d, c.hidden_size, bias=c.o_bias)
 
+    def project(self, x, rope):
+        """x [B,T,E] -> q [B,T,H,D] (pre-scaled by D^-0.5: stack_projections), k and v [B,T,Hkv,D], q and k
+        rotated together in one MatMul."""
+        c = self.c
+        B, T, _ = x.shape
+        H, Hkv = c.num_heads, c.num_kv_heads
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, c.head_dim)
+        qk = qkv[:, :, :H + Hkv] @ rope
+        return qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv:]
+
     def forward(self, x, rope, past_k, past_v, bias):
         # x: [B,T,E]; rope: [B,T,D,D] per-position rotation; past_k/v: [B,Hkv,S,D]; bias: [B,1,G*T,S+T]
         c = self.c
         B, T, _ = x.shape
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // Hkv
-        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)  # q rows pre-scaled by D^-0.5 (stack_projections)
-        qk = qkv[:, :, :H + Hkv] @ rope  # q and k heads rotated together in one MatMul: [B,T,H+Hkv,D]
-        q = qk[:, :, :H].transpose(1, 2)  # [B,H,T,D]
-        k = qk[:, :, H:].transpose(1, 2)  # [B,Hkv,T,D]
-        v = qkv[:, :, H + Hkv:].transpose(1, 2)  # [B,Hkv,T,D]
+        q, k, v = (t.transpose(1, 2) for t in self.project(x, rope))  # [B,H,T,D], [B,Hkv,T,D] x2
         # GQA without repeating the cache: head h = kv * G + g (transformers' repeat_kv order), so the G
         # query heads of one KV head become G*T rows against that head's cache
         q = q.reshape(B, Hkv, G * T, D)
@@ -83,12 +89,10 @@ class Attention(nn.Module):
         c = self.c
         B, T, _ = x.shape
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
-        qk = qkv[:, :, :H + Hkv] @ rope
-        k, v = qk[:, :, H:], qkv[:, :, H + Hkv:]  # [B,T,Hkv,D]
+        q, k, v = self.project(x, rope)
         o, pk, pv = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
-            [qk[:, :, :H].reshape(B, T, H * D), k.reshape(B, T, Hkv * D), v.reshape(B, T, Hkv * D), past_k, past_v,
+            [q.reshape(B, T, H * D), k.reshape(B, T, Hkv * D), v.reshape(B, T, Hkv * D), past_k, past_v,
              seqlens_k, total_len, None, None, None, bias],
             dict(num_heads=H, kv_num_heads=Hkv, scale=1.0),  # q rows are pre-scaled (stack_projections)
             dtypes=[x.dtype] * 3, shapes=[(B, T, H * D), past_k.shape, past_v.shape], version=1)
