@@ -42,6 +42,10 @@ class ModelEntry:
     def verify_ks(self) -> list[int]:
         return sorted(int(n.split("_")[1]) for n in self.profiles if n.startswith("verify_"))
 
+    def kv_inputs(self) -> list[str]:
+        """past_key.0, past_value.0, past_key.1, ...: the cache inputs, in RingKV.views() order."""
+        return [i["name"] for i in self.inputs if i["name"].startswith(("past_key.", "past_value."))]
+
 
 @dataclass(frozen=True)
 class Manifest:

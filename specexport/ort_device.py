@@ -52,7 +52,7 @@ class OrtDeviceBackend(DeviceSteps):
         if self.cuda_graphs:
             opts["enable_cuda_graph"] = "1"
         self.session = ort.InferenceSession(str(root / entry.graph), so, providers=[(want, opts)])
-        self.kv_names = [i["name"] for i in entry.inputs[4:]]
+        self.kv_names = entry.kv_inputs()
         self._ort = ort
         self._graphs = 0  # CUDA graphs captured so far: each static buffer set gets its own gpu_graph_id
 

@@ -46,7 +46,7 @@ class TrtBackend(DeviceSteps):
             ctx.set_optimization_profile_async(idx, self.stream.cuda_stream)
             self.contexts[int(T)] = ctx
         self.cuda_graphs = cuda_graphs
-        self.kv_names = [i["name"] for i in entry.inputs[4:]]
+        self.kv_names = entry.kv_inputs()
 
     def _buffers(self, cache, T):
         b, new = self._static(cache, T)

@@ -69,7 +69,7 @@ class OrtBackend:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
-        self.kv_names = [i["name"] for i in entry.inputs if i["name"].startswith(("past_key.", "past_value."))]
+        self.kv_names = entry.kv_inputs()
         self.fused = entry.attention == "fused"
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         if entry.attention not in ("fused", "portable"):
