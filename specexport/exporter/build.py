@@ -168,7 +168,8 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
                            parity={}, parity_tolerance=None if quant_of else cfg.tolerance, attention=cfg.attention)
         t = time.perf_counter()
         log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
-        rep = parity.check(hf, OrtBackend(root, entry, bundle.buckets_for(S)), layers=layers)
+        backend = OrtBackend(root, entry, bundle.buckets_for(S))
+        rep = parity.check(hf, backend, layers=layers)
         timings[f"{role}_parity_s"] = round(time.perf_counter() - t, 1)
         log(f"  {timings[f'{role}_parity_s']:.1f} s")
         for name, r in rep.items():
@@ -181,7 +182,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
                               "raise --tolerance if the difference is expected")
         notes = {}
         if role == "target":  # does a verify call score tokens as plain decoding does? (losslessness)
-            notes["verify_drift"] = parity.verify_drift(OrtBackend(root, entry, bundle.buckets_for(S)))
+            notes["verify_drift"] = parity.verify_drift(backend)
             log(f"  one verify call vs one decode call per token: max|dlogit| {notes['verify_drift']:.2e}")
             if level != 4 and not notes["verify_drift"] <= cfg.tolerance:
                 raise ParityError(f"target: a verify call scores tokens differently from plain decoding by "
