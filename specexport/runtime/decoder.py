@@ -205,7 +205,7 @@ def generate(target: Backend, drafter, prompt: list[int], cfg: DecodeConfig, sta
             n = min(T, len(t))
             check_finite(out.logits[:n], "target")
             emitted, rows = accept_tree(out.logits, t, T, N, pick)
-            drafter.verified(t, rows, emitted, out.logits[:n], None if out.top is None else out.top[:n])
+            drafter.verified(t, rows, emitted, out.logits[:n], out.top)
             sizer.update(T, out.run_s)
             proposed = n - 1
         else:

@@ -22,7 +22,7 @@ def feed(model: Backend, cache: RingKV, ids: list[int], observe=None) -> tuple[n
     """Run `ids` through `model` at positions cache.n.. in chunks of its profiles, committing every row.
     A remainder is padded up to the next profile when that wastes at most half of the call, else split
     into the largest profiles that fit; pad rows are never committed. observe(offset in ids, logits of the
-    chunk, their top ids or None) sees every chunk (the recycling drafter learns successors from the prompt).
+    chunk, the call's top ids or None) sees every chunk (the recycling drafter learns successors from the prompt).
     -> (logits of the last id [V], seconds inside the backend)."""
     sizes = sorted(set(model.entry.profiles.values()))
     chunk_max = model.entry.profiles.get("prefill", sizes[-1])
@@ -36,7 +36,7 @@ def feed(model: Backend, cache: RingKV, ids: list[int], observe=None) -> tuple[n
         out = model.step(cache, chunk + [0] * (T - r), cache.n)
         cache.commit(out.new_kv, range(r))
         if observe is not None:
-            observe(i, out.logits[:r], None if out.top is None else out.top[:r])
+            observe(i, out.logits[:r], out.top)
         logits, spent, i = out.logits[r - 1], spent + out.run_s, i + r
     return logits, spent
 

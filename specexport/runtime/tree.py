@@ -46,7 +46,8 @@ class SuccessorTable:
 
     def observe(self, contexts: list, logits: np.ndarray, top: np.ndarray | None = None) -> None:
         """Row i of logits [n,V] predicts what follows contexts[i] (a tuple of the last <= 3 tokens); `top`
-        [n,>=w]: each row's token ids by decreasing logit, when the graph computed them."""
+        [>=n,>=w]: the call's token ids by decreasing logit per row, when the graph computed them (pad rows
+        past n are ignored)."""
         if top is not None and top.shape[1] >= self.width:
             top = top[:len(contexts), :self.width]
         else:
