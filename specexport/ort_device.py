@@ -71,7 +71,7 @@ class OrtDeviceBackend(DeviceSteps):
             b["graph_id"] = str(self._graphs)
         return b
 
-    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None, rows=None) -> StepOut:
         T = len(ids)
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
@@ -85,4 +85,4 @@ class OrtDeviceBackend(DeviceSteps):
         t = time.perf_counter()
         self.session.run_with_iobinding(b["io"], ro)
         logits = b["logits"][0].to("cpu", copy=True).numpy()  # the one device-to-host copy of a step
-        return StepOut(logits, b["new_kv"].clone(), time.perf_counter() - t)
+        return StepOut(logits, b["new_kv"].clone(), time.perf_counter() - t).only(rows)

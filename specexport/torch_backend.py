@@ -112,7 +112,7 @@ class TorchBackend:
         x = step_inputs(cache, ids, start, new_mask, positions)
         return (*(torch.as_tensor(a).to(self.device) for a in x.values()), cache.views())
 
-    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None, rows=None) -> StepOut:
         T = len(ids)
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
@@ -125,7 +125,7 @@ class TorchBackend:
             else:
                 logits, new_kv = self.graph(*x)
             out = logits[0].float().cpu().numpy()  # the one device-to-host copy of a step
-        return StepOut(out, new_kv, time.perf_counter() - t)
+        return StepOut(out, new_kv, time.perf_counter() - t).only(rows)
 
     def _replay(self, cache, T, x):
         key = (T, cache.S, cache.data.data_ptr())

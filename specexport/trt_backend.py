@@ -76,7 +76,7 @@ class TrtBackend(DeviceSteps):
             b["graph"] = g
         b["graph"].replay()
 
-    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None) -> StepOut:
+    def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None, rows=None) -> StepOut:
         T = len(ids)
         if T not in self.profile_ts:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
@@ -89,4 +89,4 @@ class TrtBackend(DeviceSteps):
             logits = b["logits"][0].cpu().numpy()  # synchronises: the one device-to-host copy of a step
             new_kv = b["new_kv"].clone()
         torch.cuda.current_stream(self.device).wait_stream(self.stream)  # the commit reads new_kv
-        return StepOut(logits, new_kv, time.perf_counter() - t)
+        return StepOut(logits, new_kv, time.perf_counter() - t).only(rows)

@@ -31,8 +31,8 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     # fused attention by default: onnxruntime's GroupQueryAttention, cache buffers bound as past and present
     assert m.target.attention == m.draft.attention == "fused"
     names = [i["name"] for i in m.target.inputs]
-    assert names[:5] == ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len"]
-    assert names[5] == "past_key.0"
+    assert names[:6] == ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"]
+    assert names[6] == "past_key.0"
     assert [o["name"] for o in m.target.outputs][:4] == ["logits", "new_kv", "top_ids", "present_key.0"]
     graph = onnx.load(str(bundle_noisy / "target.onnx"), load_external_data=False).graph
     assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == m.target.arch["num_layers"]
@@ -42,6 +42,11 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     be = OrtBackend(bundle_noisy, m.target, m.buckets)
     out = be.step(be.new_cache(), [3, 5, 7], 0)
     assert out.top.shape == (3, 8) and (out.top == np.argsort(-out.logits, axis=1, kind="stable")[:, :8]).all()
+    # logits of some rows only (a prefill chunk's last): the graph skips the LM head of the others
+    part = be.step(be.new_cache(), [3, 5, 7], 0, rows=[2])
+    assert part.logits.shape == (1, m.target.arch["vocab_size"]) and part.top.shape == (1, 8)
+    np.testing.assert_allclose(part.logits[0], out.logits[2], atol=1e-5)
+    assert (part.top[0] == out.top[2]).all() and np.array_equal(part.new_kv, out.new_kv)
 
 
 def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path):

@@ -29,15 +29,17 @@ def io_spec(c: GraphConfig, B: int = 1, attention: str = "portable") -> tuple[li
              {"name": "new_mask", "shape": [B, "T", "T"], "dtype": "bool"}] if attention == "portable" else
             [{"name": "attn_bias", "shape": [B, 1, "T", "L"], "dtype": "float32"},
              {"name": "seqlens_k", "shape": [B], "dtype": "int32"},
-             {"name": "total_len", "shape": [], "dtype": "int32"}])
+             {"name": "total_len", "shape": [], "dtype": "int32"},
+             {"name": "logit_rows", "shape": ["R"], "dtype": "int64"}])
     inputs = [
         {"name": "input_ids", "shape": [B, "T"], "dtype": "int64"},
         {"name": "position_ids", "shape": [B, "T"], "dtype": "int64"},
     ] + step + [{"name": f"past_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
+    rows = "T" if attention == "portable" else "R"
     outputs = [
-        {"name": "logits", "shape": [B, "T", c.vocab_size], "dtype": "float32"},
+        {"name": "logits", "shape": [B, rows, c.vocab_size], "dtype": "float32"},
         {"name": "new_kv", "shape": [c.num_layers, 2, B, c.num_kv_heads, "T", c.head_dim], "dtype": "float32"},
-    ] + ([{"name": "top_ids", "shape": [B, "T", TOPK], "dtype": "int64"}]
+    ] + ([{"name": "top_ids", "shape": [B, rows, TOPK], "dtype": "int64"}]
          + [{"name": f"present_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
          if attention == "fused" else [])
     return inputs, outputs
@@ -55,13 +57,14 @@ def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -
         dynamic = {"input_ids": {1: T}, "position_ids": {1: T}, "past_mask": {1: Sd}, "new_mask": {1: T, 2: T},
                    "past_kv": kv}
     else:
-        ids, pos, _, _, past = empty_inputs(c, 2, S)
-        bias = torch.zeros(1, 1, 2, 5)  # 3 cached + 2 new tokens
-        model, args = FusedStep(graph), (ids, pos, bias, torch.tensor([4], dtype=torch.int32),
-                                         torch.tensor(5, dtype=torch.int32), past)
+        ids, pos, _, _, past = empty_inputs(c, 3, S)
+        bias = torch.zeros(1, 1, 3, 6)  # 3 cached + 3 new tokens, logits for 2 of them (R != T when tracing)
+        model, args = FusedStep(graph), (ids, pos, bias, torch.tensor([5], dtype=torch.int32),
+                                         torch.tensor(6, dtype=torch.int32), torch.tensor([0, 2]), past)
         dynamic = {"input_ids": {1: T}, "position_ids": {1: T},
-                   "attn_bias": {2: T, 3: torch.export.Dim("L", min=2, max=max(S, 4))},
-                   "seqlens_k": None, "total_len": None, "past_kv": kv}
+                   "attn_bias": {2: T, 3: torch.export.Dim("L", min=2, max=max(S, 6))},
+                   "seqlens_k": None, "total_len": None, "logit_rows": {0: torch.export.Dim("R", min=1, max=S)},
+                   "past_kv": kv}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, args, str(path), dynamo=True, external_data=True,

@@ -189,9 +189,12 @@ class FusedStep(nn.Module):
     """The step with onnxruntime's GroupQueryAttention (export only; `attention="fused"` bundles):
       inputs   input_ids, position_ids as LlamaGraph; attn_bias float [B,1,T,n+T] (0 or -inf: which of the
                n cached and T new tokens each new token sees, on top of causal); seqlens_k int32 [B] = n+T-1;
-               total_len int32 [] = n+T; past_kv 2L x [B,Hkv,S,D], slots [0,n) valid, S >= n+T
-      outputs  logits, new_kv as LlamaGraph; top_ids int64 [B,T,TOPK]: each row's largest logits, largest
-               first (what the recycle drafter learns, computed here instead of in Python); then
+               total_len int32 [] = n+T; logit_rows int64 [R]: the rows that get logits (all T for a verify
+               step; the last only for a prefill chunk nobody reads the rest of: the LM head is ~21% of a
+               SmolLM2 row's FLOPs); past_kv 2L x [B,Hkv,S,D], slots [0,n) valid, S >= n+T
+      outputs  logits [B,R,V] of logit_rows, new_kv as LlamaGraph; top_ids int64 [B,R,TOPK]: each row's
+               largest logits, largest first (what the recycle drafter learns, computed here instead of in
+               Python); then
                present_key/value.i: the SAME buffers as past_kv (bind them so; the node writes slots
                n..n+T-1 in place, which are free: rollback is unchanged)."""
 
@@ -199,7 +202,7 @@ class FusedStep(nn.Module):
         super().__init__()
         self.g = g
 
-    def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, past_kv: list):
+    def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv: list):
         g = self.g
         x = g.model.embed_tokens(input_ids)
         rope = g.rope(position_ids, x.dtype)
@@ -209,7 +212,7 @@ class FusedStep(nn.Module):
             x, k, v, p = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, fused=(seqlens_k, total_len))
             kv += [k, v]
             present += p
-        logits, new_kv = g.head(x, kv)
+        logits, new_kv = g.head(x.index_select(1, logit_rows), kv)
         return logits, new_kv, torch.topk(logits, TOPK, dim=-1).indices, *present
 
 

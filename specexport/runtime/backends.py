@@ -18,10 +18,15 @@ from .kv import RingKV
 
 
 class StepOut(NamedTuple):
-    logits: np.ndarray  # [T,V] float32
+    logits: np.ndarray  # [T,V] float32; [len(rows),V] when the step was asked for some rows only
     new_kv: np.ndarray  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens
     run_s: float  # seconds inside the backend's run call
     top: np.ndarray | None = None  # [T,k] int64 each row's largest logits first, when the graph outputs them
+
+    def only(self, rows) -> "StepOut":
+        """These rows of the logits (and top ids): what a backend whose graph computes every row returns."""
+        return self if rows is None else self._replace(
+            logits=self.logits[rows], top=None if self.top is None else self.top[rows])
 
 
 class Backend(Protocol):
@@ -30,7 +35,7 @@ class Backend(Protocol):
     def new_cache(self) -> RingKV: ...
 
     def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
-             positions: np.ndarray | None = None) -> StepOut: ...
+             positions: np.ndarray | None = None, rows: list | None = None) -> StepOut: ...
 
 
 def step_inputs(cache: RingKV, ids, start: int, new_mask=None, positions=None) -> dict:
@@ -72,6 +77,7 @@ class OrtBackend:
         self.kv_names = entry.kv_inputs()
         self.fused = entry.attention == "fused"
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
+        self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
         if entry.attention not in ("fused", "portable"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
 
@@ -79,9 +85,10 @@ class OrtBackend:
         return RingKV(*self.shape)
 
     def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
-             positions: np.ndarray | None = None) -> StepOut:
+             positions: np.ndarray | None = None, rows: list | None = None) -> StepOut:
         """Run T = len(ids) new tokens at positions start.. (or `positions`, for a tree) against `cache`;
-        new_mask [1,T,T] says which new tokens each one sees (default causal).
+        new_mask [1,T,T] says which new tokens each one sees (default causal); logits (and top ids) of `rows`
+        only (default all T; a fused graph then skips the LM head of the others).
 
         Committed slots are read, never written (a fused graph writes this step's K/V into the free slots
         after them): commit the rows you accept with cache.commit(new_kv, rows)."""
@@ -90,14 +97,14 @@ class OrtBackend:
             raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
         cache.reserve(start + T)
         if self.fused:
-            return self._step_fused(cache, ids, start, new_mask, positions)
+            return self._step_fused(cache, ids, start, new_mask, positions, rows)
         feeds = step_inputs(cache, ids, start, new_mask, positions)
         feeds.update(zip(self.kv_names, cache.views()))
         t = time.perf_counter()
         logits, new_kv = self.session.run(None, feeds)
-        return StepOut(logits[0], new_kv, time.perf_counter() - t)
+        return StepOut(logits[0], new_kv, time.perf_counter() - t).only(rows)
 
-    def _step_fused(self, cache: RingKV, ids, start, new_mask, positions) -> StepOut:
+    def _step_fused(self, cache: RingKV, ids, start, new_mask, positions, rows) -> StepOut:
         """GroupQueryAttention graph: the cache's layer buffers are bound as both past and present, so the
         node attends over slots [0, n) + the new tokens and writes their K/V into slots n..n+T-1, which are
         free (committed rows are copied from new_kv as for the portable graph). No wrap-around: n+T <= S."""
@@ -111,12 +118,16 @@ class OrtBackend:
         bias[0, 0, :, n:] = np.where(x["new_mask"][0], 0.0, -np.inf)  # the node's own causal mask adds nothing new
         feeds = {"input_ids": x["input_ids"], "position_ids": x["position_ids"], "attn_bias": bias,
                  "seqlens_k": np.array([n + T - 1], dtype=np.int32), "total_len": np.array(n + T, dtype=np.int32)}
-        logits = np.empty((1, T, self.vocab), dtype=np.float32)
+        R = T
+        if self.row_input:
+            feeds["logit_rows"] = np.arange(T) if rows is None else np.asarray(rows, dtype=np.int64)
+            R = len(feeds["logit_rows"])
+        logits = np.empty((1, R, self.vocab), dtype=np.float32)
         L, Hkv, _, D = self.shape
         new_kv = np.empty((L, 2, 1, Hkv, T, D), dtype=np.float32)
         outs = {"logits": logits, "new_kv": new_kv}
         if self.top_k:
-            outs["top_ids"] = np.empty((1, T, self.top_k), dtype=np.int64)
+            outs["top_ids"] = np.empty((1, R, self.top_k), dtype=np.int64)
         io = self._binding(cache)
         for name, a in feeds.items():
             io.bind_cpu_input(name, a)
@@ -124,8 +135,8 @@ class OrtBackend:
             io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
         t = time.perf_counter()
         self.session.run_with_iobinding(io)
-        top = outs["top_ids"][0] if self.top_k else None
-        return StepOut(logits[0], new_kv, time.perf_counter() - t, top)
+        out = StepOut(logits[0], new_kv, time.perf_counter() - t, outs["top_ids"][0] if self.top_k else None)
+        return out if self.row_input else out.only(rows)
 
     def _binding(self, cache: RingKV):
         """This generation's IO binding, the cache's layer buffers bound (no copy) as past and present once

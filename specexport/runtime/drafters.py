@@ -22,7 +22,8 @@ def feed(model: Backend, cache: RingKV, ids: list[int], observe=None) -> tuple[n
     """Run `ids` through `model` at positions cache.n.. in chunks of its profiles, committing every row.
     A remainder is padded up to the next profile when that wastes at most half of the call, else split
     into the largest profiles that fit; pad rows are never committed. observe(offset in ids, logits of the
-    chunk, the call's top ids or None) sees every chunk (the recycling drafter learns successors from the prompt).
+    chunk, the call's top ids or None) sees every chunk (the recycling drafter learns successors from the prompt);
+    without it only each chunk's last row gets logits (a fused graph skips the LM head of the others).
     -> (logits of the last id [V], seconds inside the backend)."""
     sizes = sorted(set(model.entry.profiles.values()))
     chunk_max = model.entry.profiles.get("prefill", sizes[-1])
@@ -33,11 +34,12 @@ def feed(model: Backend, cache: RingKV, ids: list[int], observe=None) -> tuple[n
         if T > 2 * r:  # padding would waste over half the call: run the largest profile that fits instead
             T = r = max(t for t in sizes if t <= r)
         chunk = ids[i:i + r]
-        out = model.step(cache, chunk + [0] * (T - r), cache.n)
+        rows = None if observe is not None else [r - 1]
+        out = model.step(cache, chunk + [0] * (T - r), cache.n, rows=rows)
         cache.commit(out.new_kv, range(r))
         if observe is not None:
             observe(i, out.logits[:r], out.top)
-        logits, spent, i = out.logits[r - 1], spent + out.run_s, i + r
+        logits, spent, i = out.logits[-1 if rows else r - 1], spent + out.run_s, i + r
     return logits, spent
 
 
