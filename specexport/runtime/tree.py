@@ -76,12 +76,6 @@ class SuccessorTable:
                     out.append(((n - 1) * self.width + r, t))
         return out[:limit] if limit else out
 
-    def observe_sequence(self, tokens: list, start: int, logits: np.ndarray, top: np.ndarray | None = None) -> None:
-        """logits row j predicts what follows tokens[start + j] (a prefill chunk)."""
-        n = SuccessorTable.ORDERS
-        ctx = [tuple(tokens[max(0, i - n + 1):i + 1]) for i in range(start, start + len(logits))]
-        self.observe(ctx, logits, top)
-
 
 @dataclass
 class Tree:
