@@ -161,7 +161,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own parser takes the rest (REMAINDER would refuse a leading option: --help)
+        a = argparse.Namespace(cmd="bench", rest=argv[1:], fn=cmd_bench)
+    else:
+        a = parser().parse_args(argv)
     try:
         return a.fn(a)
     except KeyboardInterrupt:

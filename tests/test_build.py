@@ -161,6 +161,18 @@ def test_draft_with_other_vocabulary_refused(ckpts, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_cli_bench_help(capsys):
+    """`specexport bench --help` reaches the benchmark's own parser (options may come before the bundle)."""
+    from specexport import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--help"])
+    assert e.value.code == 0 and "--per-category" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--per-category", "1"])
+    assert e.value.code == 2 and "bundle" in capsys.readouterr().err
+
+
 def test_cli_build_inspect_generate(ckpts, tmp_path, capsys):
     out = tmp_path / "cli"
     assert main(["build", "--target", str(ckpts["target"]), "--draft", str(ckpts["noisy"]), "--k", "2,4",
