@@ -1,7 +1,7 @@
 """Tree drafting by token recycling (Luo et al. 2024, "Turning Trash into Treasure"), merged with prompt lookup.
 
-Every target call computes logits for each token it is fed; plain decoding keeps one row's argmax and throws
-the rest away. Here the top-w successors of every fed token are kept in a table, succ[token] -> w candidate
+Every verify call computes logits for each token it is fed; plain decoding keeps one row's argmax and throws
+the rest away. Here the top-w successors of every verified token are kept in a table, succ[token] -> w candidate
 next tokens (the target's own top-w the last time it saw that token, shared by all generations of a
 Pipeline, as the paper keeps its matrix across queries). Each step drafts a tree from it:
 
