@@ -54,13 +54,26 @@ def warp(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
         x = np.where(x < kth, -np.inf, x)
     x = x - _logsumexp(x)
     if sp.top_p < 1.0:
-        order = np.argsort(x, kind="stable")  # ascending, as transformers' TopPLogitsWarper
-        cum = np.cumsum(np.exp(x[order]))
+        # transformers' TopPLogitsWarper sorts ascending and drops the tokens whose cumulative probability is
+        # <= 1 - top_p. Only the most likely tokens can survive, so sort just the m most likely, m growing
+        # until they hold more than top_p (a full sort of 49k logits took 4.6 ms a token; this ~0.5 ms).
+        p = np.exp(x)
+        m = min(256, len(x))
+        while True:
+            top = np.argpartition(x, len(x) - m)[len(x) - m:] if m < len(x) else np.arange(len(x))
+            if m == len(x) or p[top].sum() > sp.top_p:
+                break
+            m = min(8 * m, len(x))
+        order = top[np.argsort(x[top], kind="stable")]  # ascending
+        rest = np.ones(len(x), dtype=bool)
+        rest[top] = False
+        cum = p[rest].sum() + np.cumsum(p[order])  # every token outside the m is dropped: its cum is below
         drop = cum <= 1.0 - sp.top_p
         drop[-1] = False  # always keep the most likely token
-        x = x.copy()
-        x[order[drop]] = -np.inf
-        x = x - _logsumexp(x)
+        keep = order[~drop]
+        y = np.full_like(x, -np.inf)
+        y[keep] = x[keep]
+        x = y - _logsumexp(y[keep])
     return x
 
 
