@@ -91,6 +91,24 @@ def test_warp_matches_transformers(t, k, p):
     assert np.allclose(got[keep], want[keep], atol=1e-9)
 
 
+def test_top_p_partial_sort_equals_full_sort_with_ties():
+    """top-p sorts only the most likely tokens: same kept set as a full stable sort, also with many ties and
+    with a flat distribution (where the candidate set must grow to the whole vocabulary)."""
+    def full_sort(logits, sp):
+        x = logits.astype(np.float64) / sp.temperature
+        x = x - np.log(np.exp(x - x.max()).sum()) - x.max()
+        order = np.argsort(x, kind="stable")
+        drop = np.cumsum(np.exp(x[order])) <= 1.0 - sp.top_p
+        drop[-1] = False
+        return np.setdiff1d(np.arange(len(x)), order[drop])
+
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        v = [rng.integers(0, 6, 3000), rng.normal(size=3000) * 4, np.zeros(3000)][i % 3].astype(np.float32)
+        sp = SamplingParams(temperature=float(rng.uniform(0.3, 2.0)), top_p=float(rng.uniform(0.05, 0.99)))
+        assert np.array_equal(np.flatnonzero(np.isfinite(warp(v, sp))), full_sort(v, sp)), (i, sp)
+
+
 def test_gumbel_noise_depends_on_seed_and_position_only():
     a = gumbel_noise(3, 10, 50)
     assert np.array_equal(a, gumbel_noise(3, 10, 50))

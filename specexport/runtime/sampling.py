@@ -64,10 +64,11 @@ def warp(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
             if m == len(x) or p[top].sum() > sp.top_p:
                 break
             m = min(8 * m, len(x))
+        top = np.flatnonzero(x >= x[top].min())  # with every tie of the smallest, in index order (stable sort)
         order = top[np.argsort(x[top], kind="stable")]  # ascending
         rest = np.ones(len(x), dtype=bool)
         rest[top] = False
-        cum = p[rest].sum() + np.cumsum(p[order])  # every token outside the m is dropped: its cum is below
+        cum = p[rest].sum() + np.cumsum(p[order])  # the rest hold < 1 - top_p: all of them are dropped
         drop = cum <= 1.0 - sp.top_p
         drop[-1] = False  # always keep the most likely token
         keep = order[~drop]
