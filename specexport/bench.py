@@ -60,7 +60,8 @@ class BenchConfig:
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ValueError("--per-category and --max-new-tokens must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"--temperature must be >= 0 and --top-p in (0, 1], got {self.temperature}, {self.top_p}")
+            raise ValueError(f"--temperature must be >= 0 and --top-p in (0, 1], got {self.temperature} and "
+                             f"{self.top_p}")
         for spec in self.extra_bundles:
             tag, _, path = spec.partition("=")
             if not tag or not path:
@@ -171,24 +172,23 @@ class Methods:
             torch.set_num_threads(self.cfg.threads)
             path = self.pipe.manifest.target.source["path"]
             self._hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
-        kw = {}
+        kw: dict = dict(do_sample=False)
         if method == "hf-pld":
-            kw = dict(prompt_lookup_num_tokens=10)
+            kw.update(prompt_lookup_num_tokens=10)
         elif method == "hf-assist-int8":
             if self._assist is None:
                 import copy
 
                 self._assist = torch.ao.quantization.quantize_dynamic(copy.deepcopy(self._hf), {torch.nn.Linear},
                                                                       dtype=torch.qint8)
-            kw = dict(assistant_model=self._assist)
+            kw.update(assistant_model=self._assist)
         if self.cfg.temperature:
             kw.update(do_sample=True, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0)
             torch.manual_seed(self.cfg.seed)
         x = torch.tensor([ids])
         t = time.perf_counter()
         with torch.no_grad():
-            out = self._hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                                    **{"do_sample": False, **kw})
+            out = self._hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, **kw)
         dt = time.perf_counter() - t
         return self.strip(out[0, len(ids):].tolist()), dt, {}
 
@@ -255,10 +255,9 @@ def run(cfg: BenchConfig, log=print) -> list[dict]:
                 if tag is not None:
                     refs.setdefault(tag, (meth, toks))
                 r = {"question_id": q["question_id"], "category": q["category"], "method": meth,
-                     "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt, "tokens_per_s": len(toks) / dt,
-                     "identical": None if ref is None else toks == ref[1], "reference": ref and ref[0],
-                     "output_sha1": sha1(toks),
-                     "bandwidth_gbs": bw,
+                     "prompt_tokens": len(ids), "new_tokens": len(toks), "seconds": dt,
+                     "tokens_per_s": len(toks) / dt, "identical": None if ref is None else toks == ref[1],
+                     "reference": ref and ref[0], "output_sha1": sha1(toks), "bandwidth_gbs": bw,
                      **{k: st[k] for k in ("tau", "acceptance", "hist", "steps", "draft_s", "verify_s",
                                            "host_s", "prefill_s") if k in st}}
                 records.append(r)
