@@ -21,7 +21,7 @@ import torch
 
 from .bundle import BundleError, ModelEntry
 from .runtime.backends import StepOut
-from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs
+from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs, host_logits
 
 
 class OrtDeviceBackend(DeviceSteps):
@@ -84,5 +84,4 @@ class OrtDeviceBackend(DeviceSteps):
             ro.add_run_config_entry("gpu_graph_id", b["graph_id"])
         t = time.perf_counter()
         self.session.run_with_iobinding(b["io"], ro)
-        logits = b["logits"][0].to("cpu", copy=True).numpy()  # the one device-to-host copy of a step
-        return StepOut(logits, b["new_kv"].clone(), time.perf_counter() - t).only(rows)
+        return StepOut(host_logits(b["logits"][0], rows), b["new_kv"].clone(), time.perf_counter() - t)

@@ -68,6 +68,12 @@ def fill_inputs(b: dict, cache, ids, start: int, new_mask=None, positions=None) 
         b[name].copy_(torch.as_tensor(a), non_blocking=True)
 
 
+def host_logits(logits: torch.Tensor, rows=None) -> np.ndarray:
+    """A step's [T,V] device logits -> float32 numpy, only `rows` if given: the one device-to-host copy of a
+    step (a prefill chunk copies its last row, not T)."""
+    return (logits if rows is None else logits[list(rows)]).float().to("cpu", copy=True).numpy()
+
+
 def load_state_dict(path: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -124,8 +130,8 @@ class TorchBackend:
                 logits, new_kv = self._replay(cache, T, x)
             else:
                 logits, new_kv = self.graph(*x)
-            out = logits[0].float().cpu().numpy()  # the one device-to-host copy of a step
-        return StepOut(out, new_kv, time.perf_counter() - t).only(rows)
+            out = host_logits(logits[0], rows)
+        return StepOut(out, new_kv, time.perf_counter() - t)
 
     def _replay(self, cache, T, x):
         key = (T, cache.S, cache.data.data_ptr())

@@ -16,7 +16,7 @@ import torch
 from .bundle import BundleError, ModelEntry
 from .exporter.tensorrt import environment, mismatch
 from .runtime.backends import StepOut
-from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs
+from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs, host_logits
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
 
@@ -86,7 +86,7 @@ class TrtBackend(DeviceSteps):
         with torch.cuda.stream(self.stream):
             fill_inputs(b, cache, ids, start, new_mask, positions)
             self._run(b, T)
-            logits = b["logits"][0].cpu().numpy()  # synchronises: the one device-to-host copy of a step
+            logits = host_logits(b["logits"][0], rows)  # synchronises
             new_kv = b["new_kv"].clone()
         torch.cuda.current_stream(self.device).wait_stream(self.stream)  # the commit reads new_kv
-        return StepOut(logits, new_kv, time.perf_counter() - t).only(rows)
+        return StepOut(logits, new_kv, time.perf_counter() - t)
