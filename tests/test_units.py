@@ -8,7 +8,7 @@ import torch
 
 from specexport import bundle
 from specexport.runtime.kv import RingKV
-from specexport.runtime.sampling import SamplingParams, gumbel_noise, warp
+from specexport.runtime.sampling import SamplingParams, gumbel_argmax, gumbel_noise, kept, warp
 
 
 def kv_rows(T, start, L=2, H=1, D=2):
@@ -109,10 +109,33 @@ def test_top_p_partial_sort_equals_full_sort_with_ties():
         assert np.array_equal(np.flatnonzero(np.isfinite(warp(v, sp))), full_sort(v, sp)), (i, sp)
 
 
-def test_gumbel_noise_depends_on_seed_and_position_only():
+def test_gumbel_noise_depends_on_seed_position_and_token_only():
     a = gumbel_noise(3, 10, 50)
     assert np.array_equal(a, gumbel_noise(3, 10, 50))
     assert not np.array_equal(a, gumbel_noise(3, 11, 50)) and not np.array_equal(a, gumbel_noise(4, 10, 50))
+    ids = np.array([49, 0, 7, 7])
+    assert np.array_equal(gumbel_noise(3, 10, ids), a[ids])  # a subset costs only itself, same values
+
+
+def test_gumbel_noise_is_standard_gumbel_and_independent():
+    from scipy.stats import gumbel_r, kstest, pearsonr
+
+    g = np.concatenate([gumbel_noise(seed, pos, 2000) for seed in (0, 1, 2 ** 62) for pos in range(0, 60, 3)])
+    assert kstest(g, gumbel_r.cdf).pvalue > 1e-3  # fails with probability 0.001 for true Gumbel noise
+    a, b = gumbel_noise(5, 100, 20000), gumbel_noise(5, 101, 20000)  # neighbouring positions
+    assert abs(pearsonr(a, b)[0]) < 4 / np.sqrt(20000)
+
+
+@pytest.mark.parametrize("vocab,top_p", [(50, 1.0), (49152, 1.0), (49152, 0.9), (3000, 0.5)])
+def test_gumbel_argmax_equals_the_full_pass(vocab, top_p):
+    """The pruned Gumbel-max picks the token a full pass over every token's noise picks (gap 0.1: the winner is
+    often outside the near set, so the threshold path decides)."""
+    rng = np.random.default_rng(vocab)
+    for pos in range(40):
+        logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 6)).astype(np.float32)
+        sp = SamplingParams(temperature=float(rng.uniform(0.3, 1.5)), top_p=top_p)
+        want = int(np.argmax(warp(logits, sp) + gumbel_noise(7, pos, vocab)))
+        assert gumbel_argmax(*kept(logits, sp), 7, pos) == want and gumbel_argmax(*kept(logits, sp), 7, pos, gap=0.1) == want
 
 
 @pytest.mark.parametrize("kw,match", [(dict(temperature=-1), "temperature"), (dict(temperature=float("nan")), "temperature"),
@@ -138,9 +161,9 @@ def test_tree_inputs_and_walk_follow_the_branch_the_target_picks():
     assert (mask[0] == want).all()
     logits = np.zeros((5, 6), np.float32)
     logits[0, 2] = logits[2, 3] = logits[3, 4] = logits[1, 0] = 1.0  # the target walks root -> 2 -> 3, then says 4
-    emitted, rows = accept_tree(logits, t, 5, 10, Picker(SamplingParams(), 6))
+    emitted, rows = accept_tree(logits, t, 5, 10, Picker(SamplingParams()))
     assert emitted == [2, 3, 4] and rows == [0, 2, 3]
-    emitted, rows = accept_tree(logits, t, 2, 10, Picker(SamplingParams(), 6))  # only node 1 was verified
+    emitted, rows = accept_tree(logits, t, 2, 10, Picker(SamplingParams()))  # only node 1 was verified
     assert emitted == [2] and rows == [0]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .backends import Backend
 from .drafters import ModelDrafter, NgramDrafter, feed
-from .sampling import SamplingParams, accept_rejection, gumbel_noise, probs, sample_from, warp
+from .sampling import SamplingParams, accept_rejection, gumbel_argmax, kept, probs, sample_from, warp
 from .tree import TreeSizer, accept_tree
 
 DRAFTS = ("model", "ngram", "recycle", "none")
@@ -77,26 +77,18 @@ class Stats:
 
 class Picker:
     """Chooses tokens for one generation: greedy argmax, Gumbel-max with per-position noise, or draws for
-    the rejection sampler. Noise is cached per position so draft and target see the same g_p."""
+    the rejection sampler. The noise is a function of (seed, position, token), so draft and target see the
+    same g_p without keeping it."""
 
-    def __init__(self, sp: SamplingParams, vocab: int):
-        self.sp, self.vocab = sp, vocab
+    def __init__(self, sp: SamplingParams):
+        self.sp = sp
         self.rng = np.random.default_rng(sp.seed)
-        self._noise: dict[int, np.ndarray] = {}
-
-    def noise(self, pos: int) -> np.ndarray:
-        g = self._noise.get(pos)
-        if g is None:
-            if len(self._noise) > 64:
-                self._noise.clear()
-            g = self._noise[pos] = gumbel_noise(self.sp.seed, pos, self.vocab)
-        return g
 
     def target(self, logits: np.ndarray, pos: int) -> int:
         if self.sp.greedy:
             return int(np.argmax(logits))
         if self.sp.sampler == "gumbel":
-            return int(np.argmax(warp(logits, self.sp) + self.noise(pos)))
+            return gumbel_argmax(*kept(logits, self.sp), self.sp.seed, pos)
         return sample_from(probs(warp(logits, self.sp)), self.rng)
 
     def draft(self, logits: np.ndarray, pos: int) -> tuple[int, np.ndarray | None]:
@@ -179,7 +171,7 @@ def generate(target: Backend, drafter, prompt: list[int], cfg: DecodeConfig, sta
     RecycleDrafter (a tree per step) or None."""
     t0 = time.perf_counter()
     verify_ts = {k: target.entry.profiles[f"verify_{k}"] for k in target.entry.verify_ks()}
-    pick = Picker(cfg.sampling, target.entry.arch["vocab_size"])
+    pick = Picker(cfg.sampling)
     tree = getattr(drafter, "tree", False)
     stats.prompt_tokens = len(prompt)
     stats.hist = [0] * (cfg.k + 1)
