@@ -135,7 +135,7 @@ def gumbel_argmax(ids: np.ndarray | None, x: np.ndarray, seed: int, position: in
     near = np.flatnonzero(x >= x.max() - gap)
     M = float(np.max(x[near] + gumbel_noise(seed, position, ids[near])))
     c = M - (x.max() - gap)  # every other token scores below x.max() - gap
-    rest = np.flatnonzero(_bits(seed, position, ids) >= math.floor(math.exp(-math.exp(-c)) * 2.0 ** 53) - 1)
+    rest = np.flatnonzero(_bits(seed, position, ids) >= math.floor(math.exp(-math.exp(-c)) * 2.0 ** 53) - 2)
     cand = np.union1d(near, rest)  # a superset of the tokens that can win
     return int(ids[cand[np.argmax(x[cand] + gumbel_noise(seed, position, ids[cand]))]])
 
