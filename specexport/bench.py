@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .runtime.sampling import SamplingParams
+
 DEFAULT_METHODS = "hf,hf-pld,ortgenai,se-none,se-ngram-k4,se-recycle-k4,se-recycle-k8,se-model-k2"
 if importlib.util.find_spec("llama_cpp"):  # llama.cpp joins when installed (scripts/bench.sh builds it)
     DEFAULT_METHODS += ",llamacpp"
@@ -59,9 +61,7 @@ class BenchConfig:
     def __post_init__(self):
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ValueError("--per-category and --max-new-tokens must be >= 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"--temperature must be >= 0 and --top-p in (0, 1], got {self.temperature} and "
-                             f"{self.top_p}")
+        SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed)  # the runtime's own checks
         for spec in self.extra_bundles:
             tag, _, path = spec.partition("=")
             if not tag or not path:

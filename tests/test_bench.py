@@ -1,6 +1,8 @@
 """`specexport bench` end to end on a tiny bundle: records, the Spec-Bench-style table, the plot."""
 import json
 
+import pytest
+
 from specexport.cli import main
 
 
@@ -53,3 +55,11 @@ def test_bench_refuses_unknown_bundle_tag(bundle_noisy, tmp_path, capsys):
     assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--methods", "se-none,se-none@x",
                  "--out", str(tmp_path / "o")]) == 2
     assert "--extra-bundle x=PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("opt,value,name", [("--temperature", "-1", "temperature"), ("--temperature", "nan", "temperature"),
+                                            ("--top-p", "0", "top_p"), ("--seed", "-3", "seed")])
+def test_bench_refuses_bad_sampling_options(bundle_noisy, tmp_path, capsys, opt, value, name):
+    assert main(["bench", str(bundle_noisy), "--methods", "se-none", opt, value, "--out", str(tmp_path / "o")]) == 2
+    assert f"error: {name} must be" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before any work
