@@ -79,6 +79,13 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
+    assert pipe.config().draft == "recycle"  # a self-draft is slower than plain decoding here: not the default
+
+
+def test_default_draft_is_a_separate_checkpoint(bundle_noisy):
+    import specexport
+
+    assert specexport.load(bundle_noisy).config().draft == "model"
 
 
 def test_existing_output_refused_without_force(bundle_noisy, ckpts):

@@ -93,8 +93,13 @@ class Pipeline:
         """Validate options against this bundle (before any work)."""
         ks = self.target.entry.verify_ks()
         speculative = self.target.entry.notes.get("speculative", True)
-        if draft is None:  # recycle: the best model-free drafter measured (docs/benchmarks.md)
-            draft = "none" if not speculative else "model" if self.draft else "recycle"
+        if draft is None:
+            # a draft model is worth its cost when it is a separate small checkpoint; a self-draft (int4/int8 copy
+            # or early-exit slice of the target) costs ~half a target step per token on CPU and was slower than
+            # plain decoding in every session measured (docs/benchmarks.md), so it defaults to recycle, the best
+            # model-free drafter measured
+            separate = self.draft is not None and self.draft.entry.kind == "checkpoint"
+            draft = "none" if not speculative else "model" if separate else "recycle"
         if draft != "none" and not speculative:
             raise ValueError(f"this bundle's target computes with {self.target.entry.notes.get('activations')} "
                              "activations: a verify call scores tokens differently from plain decoding (max "
