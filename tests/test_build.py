@@ -72,6 +72,7 @@ def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path)
 @pytest.mark.parametrize("spec,kind", [("self:int8", "int8"), ("self:int4", "int4"), ("self:layers=2", "early-exit")])
 def test_derived_drafts(ckpts, tmp_path, spec, kind):
     import specexport
+    from specexport.runtime.drafters import ModelDrafter, SharedKV, shares_cache
 
     out = build_bundle(tmp_path / "b", ckpts["target"], draft=spec, ks=(2,))
     m = bundle.read(out)
@@ -80,6 +81,16 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
     assert pipe.config().draft == "recycle"  # a self-draft is slower than plain decoding here: not the default
+    # an int4/int8 copy reads the target's cache (no prefill, no cache of its own); the output above came that way
+    assert shares_cache(pipe.target, pipe.draft) == (kind != "early-exit")
+    if kind != "early-exit":
+        d = ModelDrafter(pipe.draft, share=True)
+        cache = pipe.target.new_cache()
+        d.start([1, 2, 3], cache)
+        assert d.run_s == 0.0 and isinstance(d.cache, SharedKV) and d.cache.data is cache.data
+        cache.n = 2  # what the target's prefill would have committed
+        d.propose([1, 2, 3], 2, lambda logits, pos: (int(logits.argmax()), None))
+        assert cache.n == 2 and d.cache.n == 4  # the draft wrote slots 2..3 (free in the target), committed nothing
 
 
 def test_default_draft_is_a_separate_checkpoint(bundle_noisy):

@@ -1,7 +1,9 @@
 """Drafters: who proposes the next k tokens. A drafter never decides what is emitted; the target does.
 
 - ModelDrafter: a draft model of the bundle (separate checkpoint, early-exit slice, int4/int8 copy),
-  with its own KV ring buffer; it catches up on the tokens it has not seen, then proposes k.
+  with its own KV ring buffer; it catches up on the tokens it has not seen, then proposes k. A self-draft
+  with the target's KV layout (an int4/int8 copy) reads the target's cache instead (SharedKV): no prefill
+  and no cache of its own.
 - NgramDrafter: prompt lookup, no model: the continuation of the latest earlier occurrence of the
   context's last n tokens.
 """
@@ -11,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .backends import Backend
+from .backends import Backend, OrtBackend
 from .kv import RingKV
 
 # choose(logits_row [V], position) -> (token, q_row [V] or None)
@@ -38,19 +40,47 @@ def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, flo
     return logits, spent
 
 
+class SharedKV(RingKV):
+    """A self-draft's view of the target's cache (same layers, heads and buckets): it reads the target's
+    committed slots and writes its own proposals into the free slots after them, which the target's next
+    call overwrites. It never moves the target's committed length; `n` here is the draft's own."""
+
+    def __init__(self, target: RingKV):
+        self.target, self.n, self.scratch, self.buckets = target, target.n, {}, target.buckets
+
+    data = property(lambda self: self.target.data)
+    S = property(lambda self: self.target.S)
+    _slot = property(lambda self: self.target._slot)
+
+    def reserve(self, n: int) -> None:
+        self.target.reserve(n)
+
+
+def shares_cache(target: Backend, draft: Backend) -> bool:
+    """Can `draft` read `target`'s cache: a self-draft (int4/int8 copy) with the same cache shape, both on
+    numpy caches (onnxruntime CPU)."""
+    return (draft.entry.kind in ("int4", "int8") and isinstance(target, OrtBackend)
+            and isinstance(draft, OrtBackend) and draft.shape == target.shape)
+
+
 class ModelDrafter:
-    def __init__(self, model: Backend):
-        self.model = model
+    def __init__(self, model: Backend, share: bool = False):
+        self.model, self.share = model, share
         self.cache: RingKV | None = None
         self.run_s = 0.0
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompt: list[int], target_cache: RingKV | None = None) -> None:
+        if self.share and target_cache is not None:  # the target's prefill serves both
+            self.cache, self.run_s = SharedKV(target_cache), 0.0
+            return
         self.cache = self.model.new_cache()
         _, s = feed(self.model, self.cache, prompt[:-1])
         self.run_s = s
 
     def propose(self, tokens: list[int], k: int, choose: Choose) -> tuple[list[int], list]:
         N = len(tokens)
+        if isinstance(self.cache, SharedKV):
+            self.cache.n = self.cache.target.n  # the target's committed tokens: all but the last
         logits, s = feed(self.model, self.cache, tokens[self.cache.n:])  # catch up: usually 1 or 2 tokens
         props, qs = [], []
         for i in range(k):
@@ -65,7 +95,8 @@ class ModelDrafter:
         return props, qs
 
     def accepted(self, n_before: int, a: int, k: int) -> None:
-        """Keep the draft's K/V whose inputs were committed: positions < n_before + min(a, k-1)."""
+        """Keep the draft's K/V whose inputs were committed: positions < n_before + min(a, k-1) (a shared
+        cache starts from the target's at each proposal instead)."""
         self.cache.truncate(min(self.cache.n, n_before + min(a, k - 1)))
 
 
@@ -80,7 +111,7 @@ class NgramDrafter:
             raise ValueError("ngram size must be >= 1")
         self.max_n = max_n
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompt: list[int], target_cache: RingKV | None = None) -> None:
         pass
 
     def propose(self, tokens: list[int], k: int, choose: Choose) -> tuple[list[int], list]:

@@ -13,7 +13,7 @@ from typing import Iterator
 from .. import bundle
 from .backends import OrtBackend
 from .decoder import DecodeConfig, Stats, generate
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import ModelDrafter, NgramDrafter, shares_cache
 from .sampling import SamplingParams
 from .tree import RecycleDrafter, SuccessorTable
 
@@ -133,7 +133,7 @@ class Pipeline:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
                              f"bundle's capacity of {S} tokens: lower max_new_tokens or rebuild with "
                              f"--capacity {len(ids) + cfg.max_new_tokens} or more")
-        drafter = {"model": lambda: ModelDrafter(self.draft), "ngram": lambda: NgramDrafter(cfg.ngram),
+        drafter = {"model": lambda: ModelDrafter(self.draft, shares_cache(self.target, self.draft)), "ngram": lambda: NgramDrafter(cfg.ngram),
                    "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram), "none": lambda: None}[cfg.draft]()
         stops = tuple(s for s in stop if s)
         hold = max((len(s) for s in stops), default=1) - 1  # keep back what could start a stop string

@@ -115,7 +115,7 @@ class RecycleDrafter:
         self.hits = np.array(prior) * 4  # prior rates, weight 4 trials
         self.trials = np.full(len(prior), 4.0)
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompt: list[int], target_cache=None) -> None:
         pass
 
     def draft(self, tokens: list[int], nodes: int, max_depth: int) -> Tree:
