@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
                    help="who proposes: the bundle's draft model, prompt lookup (ngram), a token-recycling + prompt "
                    "lookup tree verified in one call (recycle; no model), or none = plain decoding "
                    "(default: model if the bundle's draft is a separate checkpoint, else recycle: a self-draft of the "
-                   "target was slower than plain decoding in every benchmark here)")
+                   "target was slower than recycle in every benchmark here)")
     g.add_argument("--k", type=lambda x: x if x == "auto" else int(x), default=None,
                    help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
                    "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay); "

@@ -80,7 +80,7 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
-    assert pipe.config().draft == "recycle"  # a self-draft is slower than plain decoding here: not the default
+    assert pipe.config().draft == "recycle"  # a self-draft is slower than recycle here: not the default
     # an int4/int8 copy reads the target's cache (no prefill, no cache of its own); the output above came that way
     assert shares_cache(pipe.target, pipe.draft) == (kind != "early-exit")
     if kind != "early-exit":

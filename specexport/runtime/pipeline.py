@@ -95,9 +95,8 @@ class Pipeline:
         speculative = self.target.entry.notes.get("speculative", True)
         if draft is None:
             # a draft model is worth its cost when it is a separate small checkpoint; a self-draft (int4/int8 copy
-            # or early-exit slice of the target) costs ~half a target step per token on CPU and was slower than
-            # plain decoding in every session measured (docs/benchmarks.md), so it defaults to recycle, the best
-            # model-free drafter measured
+            # or early-exit slice of the target) costs ~half a target step per drafted token on CPU: even reading
+            # the target's cache it stayed below recycle, the best model-free drafter (docs/benchmarks.md)
             separate = self.draft is not None and self.draft.entry.kind == "checkpoint"
             draft = "none" if not speculative else "model" if separate else "recycle"
         if draft != "none" and not speculative:
@@ -133,7 +132,8 @@ class Pipeline:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
                              f"bundle's capacity of {S} tokens: lower max_new_tokens or rebuild with "
                              f"--capacity {len(ids) + cfg.max_new_tokens} or more")
-        drafter = {"model": lambda: ModelDrafter(self.draft, shares_cache(self.target, self.draft)), "ngram": lambda: NgramDrafter(cfg.ngram),
+        drafter = {"model": lambda: ModelDrafter(self.draft, shares_cache(self.target, self.draft)),
+                   "ngram": lambda: NgramDrafter(cfg.ngram),
                    "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram), "none": lambda: None}[cfg.draft]()
         stops = tuple(s for s in stop if s)
         hold = max((len(s) for s in stops), default=1) - 1  # keep back what could start a stop string
