@@ -185,3 +185,28 @@ def test_successor_table_keeps_top_w_in_order_longest_context_first():
     tab.observe([(4,)], logits[:1], top=np.array([[8, 2, 5, 1]]))
     assert tab.succ[4].tolist() == [8, 2, 5]
     assert tab.candidates((3,)) == []
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
+    from specexport.runtime.drafters import NgramDrafter
+
+    def brute(seq, max_n, k):  # the definition, one window at a time
+        L = len(seq)
+        for n in range(min(max_n, L - 1), 0, -1):
+            for e in range(L - 2, n - 2, -1):  # match ending at e, latest first
+                if seq[e - n + 1:e + 1] == seq[L - n:]:
+                    return seq[e + 1:e + 1 + k]
+        return []
+
+    rng = np.random.default_rng(0)
+    hits = 0
+    for trial in range(400):
+        seq = rng.integers(0, 4 if trial % 2 else 12, size=rng.integers(1, 40)).tolist()
+        max_n, k = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        props, qs = NgramDrafter(max_n).propose(seq, k, None)
+        assert props == brute(seq, max_n, k), (seq, max_n, k)
+        assert qs == [None] * len(props)
+        hits += bool(props)
+    assert 100 < hits < 400  # both outcomes were exercised
+    assert NgramDrafter(3).propose([5, 6, 7, 5, 6, 9, 5, 6], 2, None)[0] == [9, 5]  # latest match wins
+    assert NgramDrafter(3).propose([1, 2, 3, 9, 2, 3, 4, 1, 2, 3], 3, None)[0] == [9, 2, 3]  # longest wins

@@ -117,14 +117,17 @@ class NgramDrafter:
     def propose(self, tokens: list[int], k: int, choose: Choose) -> tuple[list[int], list]:
         arr = np.asarray(tokens)
         L = len(arr)
+        # earlier positions e <= L-2 holding the last token, then narrowed to those whose n-1 tokens before
+        # also match: one pass over the sequence per step, not one per n (it runs every step)
+        ends = np.flatnonzero(arr[:L - 1] == arr[-1])
+        best = {1: ends}
+        for n in range(2, min(self.max_n, L - 1) + 1):
+            ends = ends[ends >= n - 1]
+            ends = ends[arr[ends - (n - 1)] == arr[L - n]]
+            best[n] = ends
         for n in range(min(self.max_n, L - 1), 0, -1):
-            tail = arr[L - n:]
-            # windows arr[j:j+n] for j < L-n, latest first
-            win = np.lib.stride_tricks.sliding_window_view(arr[:L - 1], n)
-            hits = np.flatnonzero((win == tail).all(axis=1))
-            hits = hits[hits + n < L]
-            if len(hits):
-                j = hits[-1] + n
+            if len(best[n]):
+                j = best[n][-1] + 1
                 props = arr[j:j + k].tolist()
                 return props, [None] * len(props)
         return [], []
