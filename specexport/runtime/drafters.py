@@ -117,20 +117,19 @@ class NgramDrafter:
     def propose(self, tokens: list[int], k: int, choose: Choose) -> tuple[list[int], list]:
         arr = np.asarray(tokens)
         L = len(arr)
-        # earlier positions e <= L-2 holding the last token, then narrowed to those whose n-1 tokens before
-        # also match: one pass over the sequence per step, not one per n (it runs every step)
+        # earlier positions e <= L-2 holding the last token, narrowed while the n-1 tokens before them match
+        # too: the latest of the longest match; one pass over the sequence per step (it runs every step)
         ends = np.flatnonzero(arr[:L - 1] == arr[-1])
-        best = {1: ends}
+        if not len(ends):
+            return [], []
         for n in range(2, min(self.max_n, L - 1) + 1):
-            ends = ends[ends >= n - 1]
-            ends = ends[arr[ends - (n - 1)] == arr[L - n]]
-            best[n] = ends
-        for n in range(min(self.max_n, L - 1), 0, -1):
-            if len(best[n]):
-                j = best[n][-1] + 1
-                props = arr[j:j + k].tolist()
-                return props, [None] * len(props)
-        return [], []
+            longer = ends[ends >= n - 1]
+            longer = longer[arr[longer - (n - 1)] == arr[L - n]]
+            if not len(longer):
+                break
+            ends = longer
+        props = arr[ends[-1] + 1:ends[-1] + 1 + k].tolist()
+        return props, [None] * len(props)
 
     def accepted(self, n_before: int, a: int, k: int) -> None:
         pass

@@ -80,10 +80,10 @@ class Pipeline:
         if not tk.get("chat_template"):
             raise ValueError("this bundle's tokenizer has no chat template: pass a plain prompt (no --chat)")
 
-        def raise_exception(msg):
-            raise ValueError(msg)
-
         if self._template is None:  # compiling it takes ~10 ms: once per pipeline, not per request
+            def raise_exception(msg):
+                raise ValueError(msg)
+
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
             self._template = env.from_string(tk["chat_template"])
