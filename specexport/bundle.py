@@ -11,13 +11,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .errors import BundleError  # noqa: F401  (re-exported: bundle.BundleError)
+
 FORMAT = "specexport-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-
-
-class BundleError(ValueError):
-    """A bundle that cannot be used as it is; the message says what to rebuild."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +49,13 @@ class ModelEntry:
 class Manifest:
     specexport_version: str
     capacity: int  # S: cache slots per model
-    batch: int  # B
+    batch: int  # the largest B the graphs were built and checked for (1: single-sequence bundles)
     models: dict  # role -> ModelEntry
     tokenizer: dict  # {"file", "eos_token_ids", "bos_token_id", "chat_template", "special_tokens"}
     files: dict  # file name -> sha256
     build: dict  # options the build ran with, timings
     buckets: list = field(default_factory=list)  # S values the graphs run with (the last = capacity)
+    batch_sizes: list = field(default_factory=lambda: [1])  # B values the runtime runs (the last = batch)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import bundle
+from ..errors import OptionError, PromptTooLong
 from .backends import OrtBackend
 from .decoder import DecodeConfig, Stats, generate
 from .drafters import ModelDrafter, NgramDrafter, shares_cache
+from .engine import Completion, Engine
 from .sampling import SamplingParams
 from .tree import RecycleDrafter, SuccessorTable
 
@@ -62,6 +64,7 @@ class Pipeline:
         self.eos = set(tk["eos_token_ids"])
         self.successors = SuccessorTable(m.target.arch["vocab_size"])  # the recycle drafter's, kept across calls
         self._template = None  # the compiled chat template
+        self._engine: Engine | None = None
 
     # ---- text <-> ids
     def encode(self, prompt, chat: bool = False) -> list[int]:
@@ -120,6 +123,15 @@ class Pipeline:
         return DecodeConfig(max_new_tokens=max_new_tokens, k=k, draft=draft, sampling=sp, ngram=ngram,
                             adaptive=adaptive)
 
+    def _check_fits(self, ids: list[int], cfg: DecodeConfig) -> None:
+        S = self.manifest.capacity
+        if not ids:
+            raise OptionError("the prompt is empty")
+        if len(ids) + cfg.max_new_tokens > S:
+            raise PromptTooLong(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
+                                f"bundle's capacity of {S} tokens: lower max_new_tokens or rebuild with "
+                                f"--capacity {len(ids) + cfg.max_new_tokens} or more")
+
     def stream(self, prompt, chat: bool = False, stop: tuple = (), result: Generation | None = None,
                **opts) -> Iterator[str]:
         """Yield text pieces as soon as they are accepted; `result` (if given) is filled as it goes."""
@@ -127,13 +139,7 @@ class Pipeline:
         ids = self.encode(prompt, chat)
         g = result if result is not None else Generation()
         g.prompt_ids, g.token_ids, g.text = ids, [], ""
-        S = self.manifest.capacity
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) + cfg.max_new_tokens > S:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
-                             f"bundle's capacity of {S} tokens: lower max_new_tokens or rebuild with "
-                             f"--capacity {len(ids) + cfg.max_new_tokens} or more")
+        self._check_fits(ids, cfg)
         drafter = {"model": lambda: ModelDrafter(self.draft, shares_cache(self.target, self.draft)),
                    "ngram": lambda: NgramDrafter(cfg.ngram),
                    "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram), "none": lambda: None}[cfg.draft]()
@@ -165,6 +171,41 @@ class Pipeline:
                 break
         g.token_ids = g.token_ids[:cfg.max_new_tokens]
         g.stats.new_tokens = len(g.token_ids)  # delivered: a step may have accepted tokens past the EOS or stop
+
+    # ---- many requests at once
+    def start_engine(self, max_batch: int = 4, max_queue: int = 64) -> Engine:
+        """(Re)configure the engine that `submit` uses: at most `max_batch` requests run at once, at most
+        `max_queue` more wait; past that `submit` raises QueueFull."""
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = Engine(self._run, max_batch=max_batch, max_queue=max_queue)
+        return self._engine
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine or self.start_engine()
+
+    def submit(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Completion:
+        """Queue one request -> Completion (iterate it for text pieces; .generation, .cancel(), .wait()).
+        Options as `generate`; they and the prompt are validated here, before anything is queued."""
+        cfg = self.config(**opts)
+        ids = self.encode(prompt, chat)
+        self._check_fits(ids, cfg)
+        c = Completion(Generation(prompt_ids=ids))
+        c.request = (ids, stop, opts)
+        return self.engine.submit(c)
+
+    def _run(self, c: Completion) -> None:
+        ids, stop, opts = c.request
+        for piece in self.stream(ids, stop=stop, result=c.generation, **opts):
+            c._put(piece)
+            if c.cancelled:
+                c.generation.finish_reason = "cancelled"
+                return
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the engine: no new requests, running ones finish (up to `timeout` s)."""
+        return self._engine.close(timeout) if self._engine is not None else True
 
     def generate(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Generation:
         g = Generation()
