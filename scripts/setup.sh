@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 # torch first and pinned: on these machines 2.13.0 is a CPU build on local disk; unpinned pulls a CUDA build
 python -m pip install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-python -m pip install -q -e ".[build,test]" 2>&1 | grep -v '^WARNING: Location' || true
+python -m pip install -q -e ".[build,test,serve]" 2>&1 | grep -v '^WARNING: Location' || true
 python -c "import torch, transformers, onnxruntime, tokenizers; print('set up: torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"

@@ -77,6 +77,23 @@ def cmd_bench(a) -> int:
     return bench_main(a.rest)
 
 
+def cmd_serve(a) -> int:
+    import os
+
+    from .serve.app import ServeConfig
+
+    cfg = ServeConfig(bundle=a.bundle, host=a.host, port=a.port, max_batch=a.max_batch, max_queue=a.max_queue,
+                      api_key=a.api_key or os.environ.get("SPECEXPORT_API_KEY") or None, model_name=a.model_name,
+                      threads=a.threads, drain_timeout=a.drain_timeout)
+    if not Path(a.bundle, "manifest.json").is_file():
+        raise FileNotFoundError(f"{a.bundle} is not a bundle (no manifest.json): build one with specexport build")
+    if a.ray:
+        from .serve.ray_app import run
+        return run(cfg, a.replicas)
+    from .serve.server import serve
+    return serve(cfg)
+
+
 def parser() -> argparse.ArgumentParser:
     from .exporter.models import SMOLLM2_DIR
 
@@ -158,6 +175,28 @@ def parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="Spec-Bench benchmark (see `specexport bench --help`)", add_help=False)
     be.add_argument("rest", nargs=argparse.REMAINDER)
     be.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs pip install '.[serve]')",
+                       description="Serve a bundle over the OpenAI API: POST /v1/chat/completions and /v1/completions "
+                       "(streamed or not), GET /v1/models, /health, /metrics (Prometheus). docs/serving.md",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("bundle")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=4, help="requests decoded at once (the engine's batch rows)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a row; past that the "
+                   "server answers 429 with Retry-After")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (default: the "
+                   "SPECEXPORT_API_KEY environment variable, else no key); /health and /metrics stay open")
+    s.add_argument("--model-name", default="", help="the model id clients send (default: the bundle directory's name)")
+    s.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads per engine "
+                   "(default: all cores; with --ray: 1 per replica unless set)")
+    s.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may "
+                   "take to finish before they are cancelled; then the server exits 0")
+    s.add_argument("--ray", action="store_true", help="run --replicas copies on Ray Serve (pip install '.[ray]'; "
+                   "joins the cluster in RAY_ADDRESS, else starts a local one)")
+    s.add_argument("--replicas", type=int, default=1, help="with --ray: replicas, each loading the bundle once")
+    s.set_defaults(fn=cmd_serve)
     return p
 
 
