@@ -37,7 +37,7 @@ class ServeConfig:
     bundle: str
     host: str = "127.0.0.1"
     port: int = 8000
-    max_batch: int = 4  # requests decoding at once (the engine's batch rows)
+    max_batch: int | None = None  # requests decoding at once (batch rows); None: the bundle's largest batch
     max_queue: int = 64  # requests waiting for a row; past that: 429
     api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
     model_name: str = ""  # the id clients send as "model"; "" = the bundle directory's name
@@ -49,7 +49,7 @@ class ServeConfig:
     def __post_init__(self):
         if not (isinstance(self.port, int) and 0 <= self.port < 65536):
             raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
-        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+        if self.max_batch is not None and not (isinstance(self.max_batch, int) and self.max_batch >= 1):
             raise ValueError(f"max_batch must be an integer >= 1, got {self.max_batch!r}")
         if not (isinstance(self.max_queue, int) and self.max_queue >= 0):
             raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
@@ -68,7 +68,8 @@ def load_pipeline(cfg: ServeConfig):
     from .. import load
 
     pipe = load(cfg.bundle, threads=cfg.threads)
-    pipe.start_engine(max_batch=cfg.max_batch, max_queue=cfg.max_queue)
+    bounds = {"max_queue": cfg.max_queue} | ({"max_batch": cfg.max_batch} if cfg.max_batch else {})
+    pipe.start_engine(**bounds)
     return pipe
 
 

@@ -2,8 +2,8 @@
 
 Each server has its own CollectorRegistry (several apps can live in one process: tests, Ray replicas on
 one node). Counters and histograms are updated by the routes when a request ends; the engine's gauges
-(running rows, queue depth, batch size) are read from `engine.stats()` at scrape time, so they are never
-stale. Ratios are left to PromQL, e.g. tokens per target step = rate(completion_tokens) / rate(target_steps),
+(running rows, queue depth, steps by batch size) are read from `engine.stats()` at scrape time, so they
+are never stale. Ratios are left to PromQL, e.g. tokens per target step = rate(completion_tokens) / rate(target_steps),
 acceptance = rate(draft_accepted_tokens) / rate(draft_proposed_tokens).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 disable_created_metrics()  # no *_created series: they double the page and nobody graphs them
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -20,7 +20,7 @@ _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2
 
 
 class _EngineGauges:
-    """Reads the engine's stats() at each scrape: running rows, waiting requests, the configured bounds."""
+    """Reads the engine's stats() at each scrape. Keys read with .get: an engine may lack some of them."""
 
     def __init__(self, stats: Callable[[], dict | None]):
         self._stats = stats
@@ -28,12 +28,21 @@ class _EngineGauges:
     def collect(self):
         s = self._stats() or {}
         for name, key, doc in (("running_requests", "running", "requests holding a batch row"),
+                               ("decoding_requests", "decoding", "running requests past their prefill"),
                                ("queued_requests", "queued", "requests waiting for a batch row"),
-                               ("batch_size", "batch", "rows in the engine's latest step"),
                                ("max_batch", "max_batch", "configured batch rows"),
                                ("max_queue", "max_queue", "configured queue bound")):
-            value = s.get(key, s.get("running", 0)) if key == "batch" else s.get(key, 0)
+            value = s.get(key, s.get("running", 0) if key == "decoding" else 0)
             yield GaugeMetricFamily(f"specexport_{name}", doc, value=float(value or 0))
+        for name, key, doc in (("engine_steps", "steps", "target calls of the engine (all rows at once)"),
+                               ("engine_tokens", "tokens", "tokens the engine emitted, all rows")):
+            if isinstance(s.get(key), (int, float)):
+                yield CounterMetricFamily(f"specexport_{name}", doc, value=float(s[key]))
+        if isinstance(s.get("batch"), dict):  # {B: engine steps that ran B rows}: the batch-size distribution
+            c = CounterMetricFamily("specexport_engine_steps_by_batch", "engine steps by batch rows B", labels=["batch"])
+            for b, n in sorted(s["batch"].items()):
+                c.add_metric([str(b)], float(n))
+            yield c
 
 
 class Metrics:

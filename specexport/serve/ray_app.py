@@ -39,10 +39,10 @@ def deployment(cfg: ServeConfig, replicas: int = 1):
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     if cfg.threads is None:  # replicas share the machine's cores: one onnxruntime thread each unless told
         cfg = replace(cfg, threads=1)
-    # a replica takes as many requests as its engine holds (rows + queue); past that Ray queues them in the
-    # proxy rather than letting one replica answer 429 while another has room
+    # a replica takes as many requests as its engine holds (rows + queue; 8 rows: a default build's largest
+    # batch); past that Ray queues them in the proxy rather than one replica answering 429 while another has room
     return SpecExportReplica.options(
-        num_replicas=replicas, max_ongoing_requests=cfg.max_batch + cfg.max_queue,
+        num_replicas=replicas, max_ongoing_requests=(cfg.max_batch or 8) + cfg.max_queue,
         ray_actor_options={"num_cpus": cfg.threads},
         graceful_shutdown_timeout_s=cfg.drain_timeout).bind(cfg)
 
