@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,9 +24,11 @@ def cmd_build(a) -> int:
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
                       target_quant=a.quantize_target or "", target_activations=a.target_activations,
-                      engine=a.engine or "", engine_precision=a.engine_precision, attention=a.attention or "")
-    m = build(cfg, log=lambda s: print(s, flush=True))
-    print(summary(m, Path(a.out)))
+                      engine=a.engine or "", engine_precision=a.engine_precision, attention=a.attention or "",
+                      batch_sizes=a.batch)
+    m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)))
+    if not a.quiet:
+        print(summary(m, Path(a.out)))
     return 0
 
 
@@ -99,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="specexport", description="Export target + draft LMs into a bundle of "
                                 "fixed-shape ONNX graphs, and run lossless speculative decoding on it.")
+    _global_options(p)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     b = sub.add_parser("build", help="trace target (+ draft) into a parity-checked bundle",
@@ -110,6 +114,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--draft", default="none", help="draft model: checkpoint directory / short name / cached hub id, "
                    "or self:layers=N (early exit), self:int4, self:int8 (weight-only quantised target), or none")
     b.add_argument("--k", type=_ks, default=(2, 4, 8), help="draft lengths to build verify profiles for (T = k+1)")
+    b.add_argument("--batch", type=_ks, default=(1, 2, 4, 8), help="batch sizes B the batching engine may run "
+                   "(requests per target call; the largest is parity-checked with rows at different cache lengths). "
+                   "With --attention fused a call of B > 1 rows runs one new token per row (plain decoding); "
+                   "--attention portable batches speculative verify calls too")
     b.add_argument("--capacity", type=int, default=2048, help="KV slots S: prompt + new tokens must fit")
     b.add_argument("--prefill-chunk", type=int, default=64, help="T of the prefill profile")
     b.add_argument("--tolerance", type=float, default=1e-3, help="max |logit difference| vs eager allowed")
@@ -201,19 +209,76 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# extras that hold a missing module (pyproject.toml): a runtime-only install answers with the one to add
+EXTRAS = {"build": ("torch", "transformers", "onnx", "onnxscript", "onnx_ir", "safetensors", "gguf", "accelerate"),
+          "bench": ("matplotlib", "onnxruntime_genai"), "serve": ("fastapi", "uvicorn", "starlette", "ray")}
+
+
+def _global_options(p: argparse.ArgumentParser) -> None:
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"specexport {__version__}")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", help="print results and errors only (no progress)")
+    g.add_argument("-v", "--verbose", action="store_true", help="also print debug logging")
+
+
+def _setup_logging(a) -> None:
+    import logging
+
+    level = logging.ERROR if a.quiet else logging.DEBUG if a.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(name)s: %(levelname)s: %(message)s")
+    if a.quiet:  # progress bars of transformers and the hub
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:  # "No such file or directory: 'x'" rather than "[Errno 2] ..."
+        where = f": {e.filename}" if e.filename is not None else ""
+        return f"{e.strerror}{where}" + (f" -> {e.filename2}" if e.filename2 is not None else "")
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    text = "; ".join(lines) or type(e).__name__
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # its own parser takes the rest (REMAINDER would refuse a leading option: --help)
-        a = argparse.Namespace(cmd="bench", rest=argv[1:], fn=cmd_bench)
+    i = next((j for j, x in enumerate(argv) if not x.startswith("-")), len(argv))
+    if argv[i:i + 1] == ["bench"]:  # its own parser takes the rest (REMAINDER would refuse a leading option: --help)
+        g = argparse.ArgumentParser(prog="specexport")
+        _global_options(g)
+        a = g.parse_args(argv[:i])
+        a.cmd, a.rest, a.fn = "bench", argv[i + 1:], cmd_bench
     else:
         a = parser().parse_args(argv)
+    _setup_logging(a)
+    from .errors import SpecExportError
+    from .exporter.output import Terminated
+
     try:
         return a.fn(a)
+    except Terminated as e:  # SIGTERM/SIGHUP during a build: cleaned up like Ctrl-C
+        print("terminated", file=sys.stderr)
+        return 128 + int(e.args[0])
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
-        print(f"specexport {a.cmd}: error: {e}", file=sys.stderr)
+    except BrokenPipeError:  # `specexport inspect ... | head`: the reader left; say nothing
+        sys.stdout = open(os.devnull, "w")
+        return 141
+    except ModuleNotFoundError as e:  # a runtime-only install (pip install specexport) asked for more
+        top = (e.name or "").split(".")[0]
+        extra = next((x for x, mods in EXTRAS.items() if top in mods), None)
+        if extra is None and a.cmd not in ("build", "fetch-smollm2", "bench"):
+            raise
+        extra = extra or ("bench" if a.cmd == "bench" else "build")
+        print(f"specexport {a.cmd}: error: this needs the Python module {top!r}, which this install lacks: "
+              f"pip install 'specexport[{extra}]'", file=sys.stderr)
+        return 2
+    except (SpecExportError, ValueError, OSError, RuntimeError, ArithmeticError) as e:
+        # everything a user or a bundle can cause; anything else is a bug and keeps its traceback
+        print(f"specexport {a.cmd}: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 

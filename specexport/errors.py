@@ -33,3 +33,8 @@ class EngineClosed(SpecExportError):
 
 class GenerationError(SpecExportError):
     """A request that failed while it ran (e.g. a stop callback raised); only that request ends."""
+
+
+class BuildError(SpecExportError):
+    """A build that cannot write its bundle (disk full, read-only or unwritable output, a live build at the
+    same --out); nothing half-written is left at --out."""

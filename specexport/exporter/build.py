@@ -1,8 +1,9 @@
 """`specexport build`: checkpoint(s) -> parity-checked bundle. The only place that writes bundles.
 
-Everything is written into a temporary directory beside the output and moved into place at the end, so a
-build that fails or is interrupted leaves no half-written bundle (and a --force rebuild keeps the old
-bundle until the new one is complete).
+Everything is written into a work directory beside the output and moved into place at the end, so a
+build that fails or is interrupted leaves no half-written bundle, and --out holds the old or the new bundle
+at every instant of a --force rebuild (exporter/output.py). The last step reads the bundle back through the
+loader's own check (bundle.read), so a build never writes a bundle the loader refuses.
 """
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import dataclasses
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, bundle
 from ..bundle import Manifest, ModelEntry
+from ..errors import BuildError, BundleError, SpecExportError
+from . import output
 
 DRAFT_HELP = ("a checkpoint (directory, short name or cached hub id), or a draft derived from the target: "
               "self:layers=N (early exit: first N layers + final norm + head), self:int4 or self:int8 "
@@ -61,6 +62,7 @@ class BuildConfig:
     # the device backends); "" picks portable with --engine, else fused
     attention: str = ""
     engine_precision: str = "fp16"  # fp32 | fp16 | bf16 (a TensorRT builder flag over the float32 ONNX graph)
+    batch_sizes: tuple = (1, 2, 4, 8)  # B values the engine may run (sequences per target call)
 
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
@@ -96,6 +98,9 @@ class BuildConfig:
             raise ValueError("--engine tensorrt needs --attention portable: TensorRT has no GroupQueryAttention")
         if not self.attention:
             object.__setattr__(self, "attention", "portable" if self.engine else "fused")
+        if (not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 256
+                                        for b in self.batch_sizes) or 1 not in self.batch_sizes):
+            raise ValueError(f"--batch values must be integers in [1, 256] including 1, got {list(self.batch_sizes)}")
         if self.engine_precision not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"--engine-precision must be fp32, fp16 or bf16, got {self.engine_precision!r}")
 
@@ -105,28 +110,47 @@ class ParityError(RuntimeError):
 
 
 def build(cfg: BuildConfig, log=print) -> Manifest:
+    """Build the bundle into a work directory beside cfg.out and move it there complete (exporter/output.py:
+    stale leftovers, the atomic --force swap, signals, permissions, disk errors)."""
     out = Path(cfg.out)
-    if out.exists() and not cfg.force:
-        raise FileExistsError(f"{out} already exists: pass --force to replace it, or choose another --out")
-    if cfg.engine:  # before minutes of export: say now that TensorRT or the GPU is missing
-        from .tensorrt import environment
-
-        environment()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
-        manifest = _build_into(cfg, tmp, log)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        output.clean_stale(out, log)
+        if os.path.lexists(out) and not cfg.force:
+            raise FileExistsError(f"{out} already exists: pass --force to replace it, or choose another --out")
+        if cfg.engine:  # before minutes of export: say now that TensorRT or the GPU is missing
+            from .tensorrt import environment
+
+            environment()
+        umask = output.current_umask()
+        with output.interrupts_as_keyboard_interrupt(), output.workdir(out) as work:
+            root = work / "bundle"
+            root.mkdir()
+            with output.temp_env(work / "tmp"):
+                manifest = _build_into(cfg, root, log)
+            manifest = _seal(root, manifest, umask)
+            output.move_into_place(root, out, work)
         return manifest
-    except BaseException:  # errors and Ctrl-C alike: nothing half-written stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
+    except (SpecExportError, ValueError, ParityError):
         raise
+    except Exception as e:  # a full disk surfaces as OSError, or as an exporter error wrapping one (or none)
+        err = output.write_error(e, out)
+        if err is None:
+            raise
+        raise err from None
+
+
+def _seal(root: Path, m: Manifest, umask: int) -> Manifest:
+    """Record each file's size in the manifest, set permissions, sync, and read the bundle back through the
+    loader's own check (bundle.read, hashes included): a build never leaves a bundle the loader refuses."""
+    m = dataclasses.replace(m, sizes={f: (root / f).stat().st_size for f in m.files})
+    (root / bundle.MANIFEST).write_text(m.to_json())
+    output.settle(root, umask)
+    try:
+        return bundle.read(root)
+    except BundleError as e:
+        raise BuildError(f"this build wrote a bundle its own loader refuses ({e}): a bug in specexport, "
+                         "please report it") from None
 
 
 def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
@@ -168,8 +192,10 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
                            parity={}, parity_tolerance=None if quant_of else cfg.tolerance, attention=cfg.attention)
         t = time.perf_counter()
         log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
-        backend = OrtBackend(root, entry, bundle.buckets_for(S))
+        backend = OrtBackend(root, entry, bundle.buckets_for(S), batch_sizes=sorted(cfg.batch_sizes))
         rep = parity.check(hf, backend, layers=layers)
+        if role == "target" and max(cfg.batch_sizes) > 1:  # rows at different cache lengths, row by row
+            rep.update(parity.check_batch(hf, backend, max(cfg.batch_sizes), layers=layers))
         timings[f"{role}_parity_s"] = round(time.perf_counter() - t, 1)
         log(f"  {timings[f'{role}_parity_s']:.1f} s")
         for name, r in rep.items():
@@ -237,10 +263,11 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     timings["total_s"] = round(time.perf_counter() - t_start, 1)
     m = Manifest(
-        specexport_version=__version__, capacity=S, batch=1, buckets=bundle.buckets_for(S), models=entries,
+        specexport_version=__version__, capacity=S, batch=max(cfg.batch_sizes), batch_sizes=sorted(cfg.batch_sizes),
+        buckets=bundle.buckets_for(S), models=entries,
         tokenizer=tok,
         files={f: bundle.sha256(root / f) for f in files},
-        build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S,
+        build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S, "batch_sizes": sorted(cfg.batch_sizes),
                "target_quant": cfg.target_quant, "engine": cfg.engine, "attention": cfg.attention,
                "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

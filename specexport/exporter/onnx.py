@@ -1,8 +1,8 @@
 """torch -> ONNX for one model, and weight-only quantisation of an exported graph.
 
-One ONNX file per model with a symbolic T (new tokens per step) and a symbolic S (cache slots), everything
-else static (B, L, Hkv, D, V). The build's profiles are the T values it checks and records, its capacity
-buckets the S values; the runtime runs only those. Buckets let a short context attend over 256 slots
+One ONNX file per model with a symbolic B (sequences per call), T (new tokens per step) and S (cache slots),
+everything else static (L, Hkv, D, V). The build's batch sizes and profiles are the B and T values it checks
+and records, its capacity buckets the S values; the runtime runs only those. Buckets let a short context attend over 256 slots
 instead of the full capacity (at S=2048 reading the whole cache costs SmolLM2 ~8 ms per step here).
 One graph per model is what lets every profile share ONE copy of the weights, on disk (one external-data
 file) and in memory (one onnxruntime session, one set of prepacked weights) -- and it maps directly onto
@@ -19,9 +19,10 @@ from ..graphs.config import GraphConfig
 from ..graphs.llama import TOPK, FusedStep, LlamaGraph, empty_inputs
 
 
-def io_spec(c: GraphConfig, B: int = 1, attention: str = "portable") -> tuple[list, list]:
-    """Input and output names, shapes and dtypes ("T": new tokens of a profile, "S": a capacity bucket,
-    "L": cached + new tokens): input_ids, position_ids, the attention kind's mask inputs, past_key/value.i."""
+def io_spec(c: GraphConfig, B: int | str = "B", attention: str = "portable") -> tuple[list, list]:
+    """Input and output names, shapes and dtypes ("B": sequences of a batch size, "T": new tokens of a
+    profile, "S": a capacity bucket, "L": cached + new tokens): input_ids, position_ids, the attention kind's
+    mask inputs, past_key/value.i."""
     S = "S"
     kv = [B, c.num_kv_heads, S, c.head_dim]
     layers = [(i, n) for i in range(c.num_layers) for n in ("key", "value")]
@@ -49,21 +50,22 @@ def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -
     """Write `path` (graph) and `path`.data (weights) for a step graph with symbolic T and S <= capacity S."""
     c = graph.c
     inputs, outputs = io_spec(c, attention=attention)
+    B = torch.export.Dim("B", min=1, max=256)  # traced with B=2 so that B=1 is not specialised
     T = torch.export.Dim("T", min=1, max=S)
     Sd = torch.export.Dim("S", min=2, max=max(S, 4))
-    kv = [{2: Sd}] * (2 * c.num_layers)
+    kv = [{0: B, 2: Sd}] * (2 * c.num_layers)
     if attention == "portable":
-        model, args = graph, empty_inputs(c, 2, S)
-        dynamic = {"input_ids": {1: T}, "position_ids": {1: T}, "past_mask": {1: Sd}, "new_mask": {1: T, 2: T},
-                   "past_kv": kv}
+        model, args = graph, empty_inputs(c, 2, S, B=2)
+        dynamic = {"input_ids": {0: B, 1: T}, "position_ids": {0: B, 1: T}, "past_mask": {0: B, 1: Sd},
+                   "new_mask": {0: B, 1: T, 2: T}, "past_kv": kv}
     else:
-        ids, pos, _, _, past = empty_inputs(c, 3, S)
-        bias = torch.zeros(1, 1, 3, 6)  # 3 cached + 3 new tokens, logits for 2 of them (R != T when tracing)
-        model, args = FusedStep(graph), (ids, pos, bias, torch.tensor([5], dtype=torch.int32),
+        ids, pos, _, _, past = empty_inputs(c, 3, S, B=2)
+        bias = torch.zeros(2, 1, 3, 6)  # 3 cached + 3 new tokens, logits for 2 of them (R != T when tracing)
+        model, args = FusedStep(graph), (ids, pos, bias, torch.tensor([5, 5], dtype=torch.int32),
                                          torch.tensor(6, dtype=torch.int32), torch.tensor([0, 2]), past)
-        dynamic = {"input_ids": {1: T}, "position_ids": {1: T},
-                   "attn_bias": {2: T, 3: torch.export.Dim("L", min=2, max=max(S, 6))},
-                   "seqlens_k": None, "total_len": None, "logit_rows": {0: torch.export.Dim("R", min=1, max=S)},
+        dynamic = {"input_ids": {0: B, 1: T}, "position_ids": {0: B, 1: T},
+                   "attn_bias": {0: B, 2: T, 3: torch.export.Dim("L", min=2, max=max(S, 6))},
+                   "seqlens_k": {0: B}, "total_len": None, "logit_rows": {0: torch.export.Dim("R", min=1, max=S)},
                    "past_kv": kv}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -73,3 +73,30 @@ def verify_drift(model: OrtBackend, seed: int = 0) -> float:
         cache.commit(out.new_kv, [0])
         one_by_one.append(out.logits[0])
     return float(np.abs(together - np.stack(one_by_one)).max())
+
+
+def check_batch(hf, model: OrtBackend, B: int, layers: int | None = None, seed: int = 1) -> dict:
+    """-> {"batch_B{B}_T{T}": ...} for the largest T a B-row call runs: B rows at different cache lengths
+    (each prefilled through its own pool row), one batched call, every row against transformers' eager
+    logits of its own sequence."""
+    V = model.entry.arch["vocab_size"]
+    T = max(model.batch_ts(B))
+    P = model.entry.profiles.get("prefill", 1)
+    longest = max(2, min(model.capacity - T, 2 * P + 3))
+    rng = np.random.default_rng(seed)
+    lengths = [max(1, longest - (b * longest) // B) for b in range(B)]  # longest, ..., shortest
+    seqs = [rng.integers(0, V, n + T).tolist() for n in lengths]
+    pool = model.new_pool(B)
+    for b, (n, ids) in enumerate(zip(lengths, seqs)):
+        assert pool.acquire() == b
+        feed(model, pool.row(b), ids[:n])
+    ids = np.array([s[n:n + T] for n, s in zip(lengths, seqs)])
+    pos = np.array([np.arange(n, n + T) for n in lengths])
+    out = model.step_batch(pool, ids, pos)
+    worst, agree = 0.0, []
+    for b, (n, s) in enumerate(zip(lengths, seqs)):
+        want = eager_logits(hf, s, layers)[n:n + T]
+        worst = max(worst, float(np.abs(out.logits[b] - want).max()))
+        agree.append((out.logits[b].argmax(-1) == want.argmax(-1)).mean())
+    return {f"batch_B{B}_T{T}": {"T": T, "S": pool.S, "B": B, "cache_lengths": lengths, "max_abs": worst,
+                                 "top1": float(np.mean(agree))}}

@@ -14,7 +14,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..bundle import BundleError, ModelEntry
-from .kv import RingKV
+from .kv import KVPool, RingKV
 
 
 class StepOut(NamedTuple):
@@ -53,7 +53,7 @@ class OrtBackend:
     """One model on onnxruntime (CPU by default)."""
 
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, threads: int | None = None,
-                 providers: list | None = None):
+                 providers: list | None = None, batch_sizes: list | None = None):
         import onnxruntime as ort
 
         self.entry = entry
@@ -78,6 +78,7 @@ class OrtBackend:
         self.fused = entry.attention == "fused"
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
+        self.batch_sizes = sorted(batch_sizes or [1])
         if entry.attention not in ("fused", "portable"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
 
@@ -151,4 +152,75 @@ class OrtBackend:
                 io.bind_ortvalue_input(name, ov)
                 io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
             cache.scratch["ort"] = (cache.data, io)
+        return io
+
+    # ---- many sequences per call (the engine)
+    def new_pool(self, rows: int) -> KVPool:
+        L, Hkv, _, D = self.shape
+        return KVPool(L, Hkv, self.buckets, D, rows)
+
+    def batch_ts(self, B: int) -> list[int]:
+        """The T values a call of B rows can run: every profile, but T=1 only for B > 1 with fused attention
+        (onnxruntime's GroupQueryAttention refuses several new tokens per row when a batch has a past)."""
+        ts = sorted(self.profile_ts)
+        return [1] if self.fused and B > 1 else ts
+
+    def step_batch(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray,
+                   new_mask: np.ndarray | None = None) -> StepOut:
+        """One call for pool rows [0, B): ids and positions [B,T], new_mask [B,T,T] (default causal). Row b
+        attends over its own pool.n[b] committed slots and its new tokens; rows with nothing to do are fed
+        padding (their writes land in free slots past n[b], never committed). -> logits [B,T,V], new_kv
+        [L,2,B,Hkv,T,D], top ids [B,T,k] (fused); nothing is committed."""
+        B, T = ids.shape
+        if B not in self.batch_sizes or T not in self.batch_ts(B):
+            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} (batch sizes "
+                             f"{self.batch_sizes}, T {self.batch_ts(B)} at B={B})")
+        n = pool.n[:B].astype(np.int64)
+        pool.reserve(int(n.max()) + T)
+        if new_mask is None:
+            new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
+        if not self.fused:
+            feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
+                     "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
+            feeds.update(zip(self.kv_names, pool.views(B)))
+            t = time.perf_counter()
+            logits, new_kv = self.session.run(None, feeds)
+            return StepOut(logits, new_kv, time.perf_counter() - t)
+        total = int(n.max()) + T
+        bias = np.full((B, 1, T, total), -np.inf, dtype=np.float32)
+        for b in range(B):  # cached slots [0, n_b) visible, then the new tokens as new_mask says
+            bias[b, 0, :, :n[b]] = 0.0
+            bias[b, 0, :, n[b]:n[b] + T] = np.where(new_mask[b], 0.0, -np.inf)
+        feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64), "attn_bias": bias,
+                 "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
+        if self.row_input:
+            feeds["logit_rows"] = np.arange(T, dtype=np.int64)
+        L, Hkv, _, D = self.shape
+        outs = {"logits": np.empty((B, T, self.vocab), dtype=np.float32),
+                "new_kv": np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)}
+        if self.top_k:
+            outs["top_ids"] = np.empty((B, T, self.top_k), dtype=np.int64)
+        io = self._pool_binding(pool, B)
+        for name, a in feeds.items():
+            io.bind_cpu_input(name, a)
+        for name, a in outs.items():
+            io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
+        t = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        return StepOut(outs["logits"], outs["new_kv"], time.perf_counter() - t, outs.get("top_ids"))
+
+    def _pool_binding(self, pool: KVPool, B: int):
+        """An IO binding with rows [0, B) of the pool bound (no copy) as past and present of every layer; kept
+        until the pool's buffer is reallocated."""
+        import onnxruntime as ort
+
+        key = (id(self), B)
+        io = pool.scratch.get(key)
+        if io is None:
+            io = self.session.io_binding()
+            for name, view in zip(self.kv_names, pool.views(B)):
+                ov = ort.OrtValue.ortvalue_from_numpy(view)
+                io.bind_ortvalue_input(name, ov)
+                io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+            pool.scratch[key] = io
         return io

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterator
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
 
-from ..errors import EngineClosed, QueueFull
+import numpy as np
+
+from ..errors import EngineClosed, OptionError, QueueFull
+from .costs import StepCosts
+from .decoder import DecodeConfig, Picker, check_finite
+from .drafters import feed_chunk
+from .text import TextStream
+from .tree import RecycleDrafter, Tree, accept_tree
 
 _DONE = object()
 
@@ -67,74 +77,256 @@ class Completion:
         self._pieces.put(_DONE)
 
 
+@dataclass
+class Sequence:
+    """One request inside the engine: its tokens so far, its pool row, drafter, sampler and text."""
+    c: Completion
+    ids: list  # prompt + emitted tokens
+    cfg: DecodeConfig
+    text: TextStream
+    drafter: object = None  # RecycleDrafter | NgramDrafter | None
+    pick: Picker | None = None
+    row: int = -1
+    cache: object = None  # the row as a RingKV (prefill chunks)
+    fed: int = 0  # prompt tokens (of prompt[:-1]) already in the cache
+    chain_rate: float = 0.5  # running acceptance of an ngram chain (its node scores: rate ** depth)
+    emitted: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.fed >= self.c.generation.stats.prompt_tokens - 1
+
+
 class Engine:
-    """Runs submitted requests, at most `max_batch` at once, at most `max_queue` more waiting.
+    """Continuous batching of speculative decoding on one target model (torch-free).
 
-    `run(completion)` is the pipeline's function that generates one request to the end, putting its pieces;
-    this engine runs each request in a worker thread (every request its own onnxruntime calls)."""
+    One loop (its own thread, or `step()` called by hand) that, per iteration:
+      1. admits waiting requests into free pool rows (at most `max_batch` run at once, `max_queue` wait);
+      2. runs prefill chunks of admitted requests, at most `prefill_budget` tokens per iteration, so a long
+         prompt interleaves with everyone else's decode steps instead of stalling them;
+      3. lets every decoding request draft its own tree (recycle), chain (ngram) or nothing (none), pads
+         them to one built (B, T) profile and runs ONE target call for all of them;
+      4. accepts per row (greedy, Gumbel, rejection: runtime/accept), commits per row (a row that accepts
+         a drafts commits its a+1 path rows; the rest are never committed), streams, retires finished and
+         cancelled requests (their rows are free for the next iteration).
+    T per step: with k="auto" the T of the built profiles that maximises the batch's expected emitted
+    tokens per second, sum over rows of (1 + the row's first T-1 node scores) / measured cost of (B, T)
+    (runtime/costs); with a fixed k, the smallest profile that holds every row's k+1 nodes."""
 
-    def __init__(self, run: Callable[[Completion], None], max_batch: int = 4, max_queue: int = 64):
-        if not (isinstance(max_batch, int) and max_batch >= 1):
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if not (isinstance(max_queue, int) and max_queue >= 0):
-            raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
+    def __init__(self, target, make_sequence, max_batch: int = 4, max_queue: int = 64,
+                 prefill_budget: int | None = None):
+        if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
+            raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if not (isinstance(max_queue, int) and not isinstance(max_queue, bool) and max_queue >= 0):
+            raise OptionError(f"max_queue must be an integer >= 0, got {max_queue!r}")
+        built = [b for b in target.batch_sizes]
+        if max_batch > built[-1]:
+            raise OptionError(f"max_batch={max_batch} exceeds the bundle's largest batch size {built[-1]} "
+                              f"(built: {built}): lower it or rebuild with --batch including {max_batch}")
+        self.target, self.make_sequence = target, make_sequence
         self.max_batch, self.max_queue = max_batch, max_queue
-        self._run = run
+        self.batch_sizes = [b for b in built if b <= max_batch] or [1]
+        if self.batch_sizes[-1] < max_batch:
+            self.batch_sizes.append(next(b for b in built if b >= max_batch))
+        self.prefill_budget = prefill_budget or target.entry.profiles.get("prefill", 1)
+        self.pool = target.new_pool(self.batch_sizes[-1])
+        self.costs = StepCosts()
         self._lock = threading.Lock()
-        self._waiting: list = []
-        self._running: set = set()
+        self._wake = threading.Condition(self._lock)
+        self._waiting: deque = deque()
+        self._active: list[Sequence] = []  # admitted: prefilling or decoding
         self._closed = False
-        self.finished = {}  # finish_reason -> count
+        self._thread: threading.Thread | None = None
+        self.counters = {"steps": 0, "tokens": 0, "finished": {}, "batch": {}}
 
+    # ---- any thread
     def submit(self, c: Completion) -> Completion:
         with self._lock:
             if self._closed:
                 raise EngineClosed("the engine is shutting down and takes no new requests")
-            if len(self._running) >= self.max_batch and len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._running)} requests running and {len(self._waiting)} waiting "
+            free = max(self.max_batch - len(self._active), 0)  # rows the loop is about to give to waiting ones
+            if len(self._waiting) >= self.max_queue + free:
+                raise QueueFull(f"{len(self._active)} requests running and {len(self._waiting)} waiting "
                                 f"(max_queue={self.max_queue}): try again later")
             self._waiting.append(c)
-            self._admit()
+            self._wake.notify()
+        if self._thread is None:
+            self.start()
         return c
 
-    def _admit(self) -> None:  # under the lock
-        while self._waiting and len(self._running) < self.max_batch:
-            c = self._waiting.pop(0)
-            self._running.add(c)
-            threading.Thread(target=self._work, args=(c,), daemon=True).start()
-
-    def _work(self, c: Completion) -> None:
-        try:
-            if not c.cancelled:
-                self._run(c)
-            c._finish("cancelled" if c.cancelled and c.generation.finish_reason == "" else
-                      c.generation.finish_reason or "length")
-        except BaseException as e:  # noqa: BLE001 -- one failed request ends alone
-            c._finish("error", e)
-        finally:
-            with self._lock:
-                self._running.discard(c)
-                r = c.generation.finish_reason
-                self.finished[r] = self.finished.get(r, 0) + 1
-                self._admit()
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="specexport-engine", daemon=True)
+                self._thread.start()
 
     def stats(self) -> dict:
         with self._lock:
-            return {"running": len(self._running), "queued": len(self._waiting), "max_batch": self.max_batch,
-                    "max_queue": self.max_queue, "finished": dict(self.finished)}
+            decoding = sum(s.prefilled for s in self._active)
+            return {"running": len(self._active), "decoding": decoding, "queued": len(self._waiting),
+                    "max_batch": self.max_batch, "max_queue": self.max_queue, "steps": self.counters["steps"],
+                    "tokens": self.counters["tokens"], "finished": dict(self.counters["finished"]),
+                    "batch": dict(self.counters["batch"]), "pool_slots": self.pool.S,
+                    "pool_bytes": int(self.pool.data.nbytes)}
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop taking requests, cancel the waiting ones, let the running ones finish (up to `timeout` s,
         then cancel them) -> True if everything ended in time."""
         with self._lock:
             self._closed = True
-            waiting, self._waiting = self._waiting, []
-            running = list(self._running)
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            running = [s.c for s in self._active]
+            self._wake.notify()
         for c in waiting:
-            c.cancel()
             c._finish("cancelled")
         ok = all(c._done.wait(timeout) for c in running)
         if not ok:
             for c in running:
                 c.cancel()
         return ok
+
+    # ---- the loop
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._active:
+                    if self._closed:
+                        return
+                    self._wake.wait()
+            try:
+                self.step()
+            except BaseException as e:  # noqa: BLE001 -- a failed call ends its requests, never the loop
+                for s in list(self._active):
+                    self._retire(s, "error", e)
+
+    def step(self) -> bool:
+        """One iteration: admit, prefill, one batched decode step, retire. -> whether there was work."""
+        self._admit()
+        for s in [s for s in self._active if s.c.cancelled]:
+            self._retire(s, "cancelled")
+        pre = [s for s in self._active if not s.prefilled]
+        dec = [s for s in self._active if s.prefilled]
+        if pre:
+            self._prefill(pre)
+        if dec:
+            self._decode(dec)
+        return bool(pre or dec)
+
+    def _admit(self) -> None:
+        with self._lock:
+            while self._waiting and len(self._active) < self.max_batch and self.pool.free:
+                c = self._waiting.popleft()
+                if c.cancelled:
+                    c._finish("cancelled")
+                    continue
+                try:
+                    s = self.make_sequence(c)
+                except BaseException as e:  # noqa: BLE001
+                    c._finish("error", e)
+                    continue
+                s.row = self.pool.acquire()
+                s.cache = self.pool.row(s.row)
+                self._active.append(s)
+
+    def _prefill(self, pre: list[Sequence]) -> None:
+        """Prefill chunks (single-row calls on the request's pool row) up to the budget, oldest first."""
+        budget = self.prefill_budget
+        for s in pre:
+            prompt = s.ids[:s.c.generation.stats.prompt_tokens - 1]
+            while budget > 0 and s.fed < len(prompt):
+                i, r, out = feed_chunk(self.target, s.cache, prompt, s.fed)
+                s.fed = i + r
+                s.c.generation.stats.prefill_s += out.run_s
+                budget -= r
+            if budget <= 0:
+                return
+
+    def _decode(self, dec: list[Sequence]) -> None:
+        trees = []
+        for s in dec:
+            room = s.cfg.max_new_tokens - s.emitted - 1  # drafts beyond this could not be emitted
+            trees.append(self._draft(s, room))
+        B = next(b for b in self.batch_sizes if b > max(s.row for s in dec))
+        T = self._choose_T(B, dec, trees)
+        ids = np.zeros((B, T), dtype=np.int64)
+        pos = np.zeros((B, T), dtype=np.int64)
+        mask = np.broadcast_to(np.eye(T, dtype=bool), (B, T, T)).copy()  # pad rows see themselves only
+        for b in range(B):
+            pos[b] = self.pool.n[b]  # pad rows: positions of their own free slots
+        for s, t in zip(dec, trees):
+            i, p, m = t.inputs(T, len(s.ids))
+            ids[s.row], pos[s.row], mask[s.row] = i, p, m[0]
+        out = self.target.step_batch(self.pool, ids, pos, mask)
+        self.costs.update(B, T, out.run_s)
+        self.counters["steps"] += 1
+        self.counters["batch"][B] = self.counters["batch"].get(B, 0) + 1
+        for s, t in zip(dec, trees):
+            try:
+                self._accept(s, t, T, out)
+            except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
+                self._retire(s, "error", e)
+        self.pool.shrink(int(self.pool.n.max()) + max(self.target.profile_ts) + 1)
+
+    def _draft(self, s: Sequence, room: int) -> Tree:
+        d, k = s.drafter, s.cfg.k
+        if d is None or room <= 0:
+            return Tree([s.ids[-1]], [-1], [0], [1.0], [tuple(s.ids[-3:])], [[]])
+        if isinstance(d, RecycleDrafter):
+            return d.draft(s.ids, k, room)
+        props = d.propose(s.ids, min(k, room), None)[0]  # ngram: a chain, node i scored rate ** i
+        n = len(props)
+        return Tree([s.ids[-1]] + props, list(range(-1, n)), list(range(n + 1)),
+                    [s.chain_rate ** i for i in range(n + 1)], [()] * (n + 1), [[] for _ in range(n + 1)])
+
+    def _choose_T(self, B: int, dec: list[Sequence], trees: list[Tree]) -> int:
+        ts = self.target.batch_ts(B)
+        caps = [min(len(t), s.cfg.k + 1 if s.drafter is not None else 1) for s, t in zip(dec, trees)]
+        if not any(s.cfg.adaptive for s in dec):
+            need = max(caps)
+            return next((T for T in ts if T >= need), ts[-1])
+        cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
+        return self.costs.best(B, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
+
+    def _accept(self, s: Sequence, tree: Tree, T: int, out) -> None:
+        st = s.c.generation.stats
+        n = min(T, len(tree), s.cfg.k + 1 if s.drafter is not None else 1)
+        logits = out.logits[s.row]
+        check_finite(logits[:n], "target")
+        emitted, path = accept_tree(logits, tree, n, len(s.ids), s.pick)
+        self.pool.commit(s.row, out.new_kv, s.row, path)
+        if isinstance(s.drafter, RecycleDrafter):
+            s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[s.row])
+        elif s.drafter is not None and n > 1:
+            a = len(emitted) - 1
+            s.chain_rate = 0.8 * s.chain_rate + 0.2 * (a / (n - 1))
+        a = len(emitted) - 1
+        st.steps += 1
+        st.proposed += n - 1
+        st.accepted += a
+        if a >= len(st.hist):
+            st.hist += [0] * (a + 1 - len(st.hist))
+        st.hist[a] += 1
+        st.verify_s += out.run_s
+        s.ids += emitted
+        s.emitted += len(emitted)
+        self.counters["tokens"] += len(emitted)
+        piece, done = s.text.push(emitted)
+        st.total_s = time.perf_counter() - s.t0
+        if piece:
+            s.c._put(piece)
+        if done or s.emitted >= s.cfg.max_new_tokens:
+            self._retire(s, s.c.generation.finish_reason or "length")
+
+    def _retire(self, s: Sequence, reason: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            if s not in self._active:
+                return
+            self._active.remove(s)
+            self.pool.release(s.row)
+            self.counters["finished"][reason] = self.counters["finished"].get(reason, 0) + 1
+        st = s.c.generation.stats
+        st.total_s = time.perf_counter() - s.t0
+        st.new_tokens = len(s.c.generation.token_ids)
+        s.c._finish(reason, error)

@@ -70,3 +70,110 @@ class RingKV:
         if n > self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
         self.n = n
+
+
+class KVPool:
+    """One preallocated cache for many sequences: data [L,2,R,Hkv,S,D], R rows (the engine's largest batch),
+    each row one request's cache with its own committed length n[r]. A request takes a row when admitted
+    (lowest free first, so a batch call covers rows [0, B) with B small) and gives it back when it ends;
+    commit and rollback are per row, exactly as RingKV's (rows here never wrap: slot = position).
+
+    Buckets: S follows the longest row. It grows to the next bucket when a row needs it (one copy of the
+    pool) and shrinks back when the long rows have left (another copy), so short requests do not keep
+    paying for a long one that finished. A fused graph reads only each row's own n[r] slots whatever S is;
+    a portable graph reads all S slots of every row in the batch (masked)."""
+
+    def __init__(self, layers: int, kv_heads: int, buckets, head_dim: int, rows: int, dtype=np.float32):
+        self.buckets = sorted(buckets)
+        self.S = self.buckets[0]
+        self.rows = rows
+        self.data = np.zeros((layers, 2, rows, kv_heads, self.S, head_dim), dtype=dtype)
+        self.n = np.zeros(rows, dtype=np.int64)
+        self.free = list(range(rows))
+        self.generation = 0  # bumps whenever `data` is reallocated (backends cache bindings per generation)
+        self.scratch: dict = {}  # a backend's bindings of this buffer (cleared when it is reallocated)
+
+    def acquire(self) -> int | None:
+        if not self.free:
+            return None
+        self.free.sort()
+        r = self.free.pop(0)
+        self.n[r] = 0
+        return r
+
+    def release(self, r: int) -> None:
+        self.n[r] = 0
+        self.free.append(r)
+
+    def _resize(self, S: int) -> None:
+        keep = min(S, self.S)
+        grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
+        grown[:, :, :, :, :keep] = self.data[:, :, :, :, :keep]
+        self.data, self.S = grown, S
+        self.generation += 1
+        self.scratch.clear()
+
+    def reserve(self, n: int) -> None:
+        """Room for positions [0, n) in every row."""
+        if n > self.S:
+            if n > self.buckets[-1]:
+                raise ValueError(f"{n} positions exceed the pool's capacity {self.buckets[-1]}")
+            self._resize(next(b for b in self.buckets if b >= n))
+
+    def shrink(self, need: int) -> None:
+        """Move to a smaller bucket when every row fits in half of it or less (hysteresis: no back and forth)."""
+        b = next(b for b in self.buckets if b >= max(need, 1))
+        if b < self.S and 2 * need <= b:
+            self._resize(b)
+
+    def views(self, B: int) -> list[np.ndarray]:
+        """past_key.0, past_value.0, ...: zero-copy [B,Hkv,S,D] views of rows [0, B)."""
+        L = self.data.shape[0]
+        return [self.data[i, j, :B] for i in range(L) for j in (0, 1)]
+
+    def commit(self, r: int, new_kv: np.ndarray, b: int, rows) -> None:
+        """Write new_kv[:, :, b] rows `rows` (indices into T) at row r's positions n[r], n[r]+1, ..."""
+        rows = np.asarray(rows, dtype=np.int64)
+        m = len(rows)
+        if m == 0:
+            return
+        n = int(self.n[r])
+        self.reserve(n + m)
+        # new_kv: [L,2,B,Hkv,T,D]; a contiguous slot range takes a slice (basic indexing, one copy)
+        self.data[:, :, r, :, n:n + m, :] = new_kv[:, :, b][:, :, :, rows]
+        self.n[r] = n + m
+
+    def row(self, r: int) -> "PoolRow":
+        return PoolRow(self, r)
+
+
+class PoolRow(RingKV):
+    """One pool row seen as a RingKV of batch 1 (prefill chunks run on it with the single-sequence step)."""
+
+    def __init__(self, pool: KVPool, r: int):
+        self.pool, self.r, self.scratch, self.buckets = pool, r, {}, pool.buckets
+        self._gen, self._data = -1, None
+
+    @property
+    def data(self):
+        if self._gen != self.pool.generation:  # one view object per pool buffer (bindings key on it)
+            self._gen, self._data = self.pool.generation, self.pool.data[:, :, self.r:self.r + 1]
+        return self._data
+
+    S = property(lambda self: self.pool.S)
+    _slot = property(lambda self: np.arange(self.pool.S))
+
+    @property
+    def n(self):
+        return int(self.pool.n[self.r])
+
+    @n.setter
+    def n(self, v):
+        self.pool.n[self.r] = v
+
+    def reserve(self, n: int) -> None:
+        self.pool.reserve(n)
+
+    def commit(self, new_kv: np.ndarray, rows, count: int | None = None) -> None:
+        rows = list(rows)[:count] if count is not None else rows
+        self.pool.commit(self.r, new_kv, 0, rows)

@@ -13,11 +13,13 @@ from typing import Iterator
 from .. import bundle
 from ..errors import OptionError, PromptTooLong
 from .backends import OrtBackend
-from .decoder import DecodeConfig, Stats, generate
+from .decoder import DecodeConfig, Picker, Stats, generate
 from .drafters import ModelDrafter, NgramDrafter, shares_cache
-from .engine import Completion, Engine
+from .engine import Completion, Engine, Sequence
+from .text import TextStream
 from .sampling import SamplingParams
 from .tree import RecycleDrafter, SuccessorTable
+from . import validate
 
 
 @dataclass
@@ -32,14 +34,13 @@ class Generation:
 class Pipeline:
     def __init__(self, path: str | Path, threads: int | None = None, verify: bool = True,
                  backend: str = "onnxruntime", device: str = "cpu"):
-        from tokenizers import Tokenizer
-
+        threads, verify, backend, device = validate.load_args(threads, verify, backend, device)
         self.root = Path(path)
         self.manifest = bundle.read(self.root, verify=verify)
         m = self.manifest
         if backend == "onnxruntime":
             def make(e):
-                return OrtBackend(self.root, e, m.buckets, threads)
+                return OrtBackend(self.root, e, m.buckets, threads, batch_sizes=m.batch_sizes)
         elif backend == "torch":  # optional reference / GPU path: the only place torch may be imported
             from ..torch_backend import TorchBackend
 
@@ -57,10 +58,10 @@ class Pipeline:
                 return TrtBackend(self.root, e, m.buckets, device=device if device != "cpu" else "cuda")
         else:
             raise ValueError(f"backend must be onnxruntime, onnxruntime-device, tensorrt or torch, got {backend!r}")
-        self.target = make(m.target)
-        self.draft = make(m.draft) if m.draft else None
+        self.target = validate.open_model(make, m.target)
+        self.draft = validate.open_model(make, m.draft) if m.draft else None
         tk = m.tokenizer
-        self.tokenizer = Tokenizer.from_file(str(self.root / tk["file"]))
+        self.tokenizer = validate.tokenizer(self.root, m)
         self.eos = set(tk["eos_token_ids"])
         self.successors = SuccessorTable(m.target.arch["vocab_size"])  # the recycle drafter's, kept across calls
         self._template = None  # the compiled chat template
@@ -69,10 +70,12 @@ class Pipeline:
     # ---- text <-> ids
     def encode(self, prompt, chat: bool = False) -> list[int]:
         """A string (plain, or a user turn when chat), a list of chat messages, or token ids."""
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, list) or chat:
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        chat = validate.flag(chat, "chat")
+        kind, prompt = validate.prompt(prompt, self.manifest.target.arch["vocab_size"])
+        if kind == "ids":
+            return prompt
+        if kind == "messages" or chat:
+            messages = prompt if kind == "messages" else [{"role": "user", "content": prompt}]
             return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
         return self.tokenizer.encode(prompt).ids
 
@@ -96,6 +99,8 @@ class Pipeline:
     def config(self, max_new_tokens=128, k=None, draft=None, temperature=0.0, top_k=0, top_p=1.0, seed=0,
                sampler="gumbel", ngram=3) -> DecodeConfig:
         """Validate options against this bundle (before any work)."""
+        max_new_tokens, k, draft, temperature, top_k, top_p, seed, sampler, ngram = validate.options(
+            max_new_tokens, k, draft, temperature, top_k, top_p, seed, sampler, ngram)
         ks = self.target.entry.verify_ks()
         speculative = self.target.entry.notes.get("speculative", True)
         if draft is None:
@@ -135,6 +140,8 @@ class Pipeline:
     def stream(self, prompt, chat: bool = False, stop: tuple = (), result: Generation | None = None,
                **opts) -> Iterator[str]:
         """Yield text pieces as soon as they are accepted; `result` (if given) is filled as it goes."""
+        validate.option_names(opts, self.config)
+        stop = validate.stop(stop)
         cfg = self.config(**opts)
         ids = self.encode(prompt, chat)
         g = result if result is not None else Generation()
@@ -143,42 +150,27 @@ class Pipeline:
         drafter = {"model": lambda: ModelDrafter(self.draft, shares_cache(self.target, self.draft)),
                    "ngram": lambda: NgramDrafter(cfg.ngram),
                    "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram), "none": lambda: None}[cfg.draft]()
-        stops = tuple(s for s in stop if s)
-        hold = max((len(s) for s in stops), default=1) - 1  # keep back what could start a stop string
-        sent = 0
+        ts = TextStream(self.tokenizer, self.eos, tuple(stop), cfg.max_new_tokens, g)
         steps = generate(self.target, drafter, ids, cfg, g.stats)
-        g.finish_reason = "length"
         for new in steps:
-            for t in new:
-                g.token_ids.append(t)
-                if t in self.eos:
-                    g.finish_reason = "eos"
-                    break
-            text = self.tokenizer.decode([t for t in g.token_ids if t not in self.eos])
-            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                text, g.finish_reason = text[:cut], "stop"
-            g.text = text
-            done = g.finish_reason != "length" or len(g.token_ids) >= cfg.max_new_tokens
-            end = len(text) if done else len(text) - hold
-            if text.endswith("\ufffd") and not done:  # a character split across tokens: wait for the rest
-                end = min(end, len(text) - 1)
-            if end > sent:
-                yield text[sent:end]
-                sent = end
+            piece, done = ts.push(new)
+            if piece:
+                yield piece
             if done:
                 steps.close()
                 break
-        g.token_ids = g.token_ids[:cfg.max_new_tokens]
-        g.stats.new_tokens = len(g.token_ids)  # delivered: a step may have accepted tokens past the EOS or stop
 
     # ---- many requests at once
-    def start_engine(self, max_batch: int = 4, max_queue: int = 64) -> Engine:
-        """(Re)configure the engine that `submit` uses: at most `max_batch` requests run at once, at most
-        `max_queue` more wait; past that `submit` raises QueueFull."""
+    def start_engine(self, max_batch: int | None = None, max_queue: int = 64,
+                     prefill_budget: int | None = None) -> Engine:
+        """(Re)configure the batching engine that `submit` uses: at most `max_batch` requests decode together
+        in one target call per step (default: the bundle's largest batch size), at most `max_queue` more
+        wait (past that `submit` raises QueueFull); `prefill_budget`: prompt tokens prefilled per step
+        (default: one prefill chunk)."""
         if self._engine is not None:
             self._engine.close()
-        self._engine = Engine(self._run, max_batch=max_batch, max_queue=max_queue)
+        self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
+                              max_queue=max_queue, prefill_budget=prefill_budget)
         return self._engine
 
     @property
@@ -186,22 +178,31 @@ class Pipeline:
         return self._engine or self.start_engine()
 
     def submit(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Completion:
-        """Queue one request -> Completion (iterate it for text pieces; .generation, .cancel(), .wait()).
-        Options as `generate`; they and the prompt are validated here, before anything is queued."""
+        """Queue one request on the batching engine -> Completion (iterate it for text pieces; .generation,
+        .cancel(), .wait()). Options as `generate`, validated here before anything is queued. The engine runs
+        the model-free drafts (draft="recycle" by default, "ngram", "none"); with k="auto" (recycle's default)
+        it sizes every step's speculation to the batch."""
+        if opts.get("draft") == "model":
+            raise OptionError("the batching engine drafts without a model (recycle, ngram or none); "
+                              "draft='model' runs through Pipeline.generate / stream")
+        if opts.get("draft") is None:
+            opts = {**opts, "draft": "recycle" if self.target.entry.notes.get("speculative", True) else "none"}
         cfg = self.config(**opts)
         ids = self.encode(prompt, chat)
         self._check_fits(ids, cfg)
         c = Completion(Generation(prompt_ids=ids))
-        c.request = (ids, stop, opts)
+        c.request = (ids, tuple(stop), cfg)
         return self.engine.submit(c)
 
-    def _run(self, c: Completion) -> None:
-        ids, stop, opts = c.request
-        for piece in self.stream(ids, stop=stop, result=c.generation, **opts):
-            c._put(piece)
-            if c.cancelled:
-                c.generation.finish_reason = "cancelled"
-                return
+    def _sequence(self, c: Completion) -> Sequence:
+        """The engine's state for one admitted request (called on the engine's thread)."""
+        ids, stop, cfg = c.request
+        g = c.generation
+        g.stats.prompt_tokens = len(ids)
+        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram),
+                   "none": lambda: None}[cfg.draft]()
+        return Sequence(c, list(ids), cfg, TextStream(self.tokenizer, self.eos, stop, cfg.max_new_tokens, g),
+                        drafter=drafter, pick=Picker(cfg.sampling))
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the engine: no new requests, running ones finish (up to `timeout` s)."""

@@ -1,0 +1,109 @@
+"""The batching engine: many requests in the same target calls, each token-identical to its solo run."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import specexport
+from specexport.errors import OptionError, PromptTooLong, QueueFull
+from conftest import build_bundle
+
+PROMPTS = ["hello there, general", "abc abc abc abc abc", "The quick brown fox jumps over the lazy dog. The quick",
+           "x", "1 2 3 4 5 6 7 8 9 1 2 3 4 5", "to be or not to be, that is the"]
+DRAFTS = [("none", None), ("ngram", 4), ("recycle", None), ("recycle", 4), ("ngram", "auto"), ("none", None)]
+
+
+@pytest.fixture(scope="module")
+def bundles(ckpts, tmp_path_factory):
+    root = tmp_path_factory.mktemp("eng")
+    return {att: build_bundle(root / att, ckpts["target"], ks=(1, 2, 4), capacity=96, chunk=8, attention=att,
+                              batch_sizes=(1, 2, 4)) for att in ("fused", "portable")}
+
+
+def solo(pipe, prompt, **kw):
+    return pipe.generate(prompt, draft="none", **kw).token_ids
+
+
+@pytest.mark.parametrize("attention", ["fused", "portable"])
+def test_batch_matches_solo_greedy(bundles, attention):
+    pipe = specexport.load(bundles[attention])
+    assert pipe.manifest.batch_sizes == [1, 2, 4]
+    want = [solo(pipe, p, max_new_tokens=24) for p in PROMPTS]
+    pipe.start_engine(max_batch=4, max_queue=8)
+    cs = [pipe.submit(p, max_new_tokens=24, draft=d, k=k) for p, (d, k) in zip(PROMPTS, DRAFTS)]
+    got = [c.wait(60).token_ids for c in cs]
+    assert got == want
+    st = pipe.engine.stats()
+    assert st["finished"] == {"length": len(PROMPTS)} or sum(st["finished"].values()) == len(PROMPTS)
+    assert max(st["batch"]) >= 2, st  # requests really shared calls
+    if attention == "portable":
+        assert any(T > 1 for (B, T) in pipe.engine.costs.seen if B > 1), pipe.engine.costs.seen
+
+
+def test_staggered_arrivals_and_cancel(bundles):
+    pipe = specexport.load(bundles["portable"])
+    want = {p: solo(pipe, p, max_new_tokens=30) for p in PROMPTS[:4]}
+    pipe.start_engine(max_batch=2, max_queue=8)
+    first = pipe.submit(PROMPTS[0], max_new_tokens=30, draft="recycle")
+    doomed = pipe.submit(PROMPTS[1], max_new_tokens=30, draft="ngram")
+    it = iter(first)
+    next(it)  # the first is decoding: the next ones arrive at a later step
+    late = [pipe.submit(p, max_new_tokens=30, draft="recycle", k="auto") for p in PROMPTS[2:4]]
+    doomed.cancel()
+    assert doomed.wait(30).finish_reason in ("cancelled", "length")
+    for c, p in zip([first] + late, [PROMPTS[0]] + PROMPTS[2:4]):
+        assert c.wait(60).token_ids == want[p]
+    assert pipe.engine.stats()["running"] == 0 and len(pipe.engine.pool.free) == 2
+
+
+def test_gumbel_sampling_matches_solo(bundles):
+    pipe = specexport.load(bundles["portable"])
+    kw = dict(max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
+    want = [pipe.generate(p, draft="none", **kw).token_ids for p in PROMPTS[:4]]
+    cs = [pipe.submit(p, draft=d, **kw) for p, d in zip(PROMPTS[:4], ["recycle", "ngram", "none", "recycle"])]
+    assert [c.wait(60).token_ids for c in cs] == want
+
+
+def test_rejection_sampler_law_in_a_batch(bundles):
+    """The first sampled token of many batched requests (recycle drafts, rejection sampler) follows the
+    target's warped distribution: chi-square against the exact probabilities."""
+    from scipy.stats import chisquare
+
+    from specexport.runtime.sampling import SamplingParams, probs, warp
+
+    pipe = specexport.load(bundles["portable"])
+    prompt = "abc abc abc ab"
+    ids = pipe.encode(prompt)
+    cache = pipe.target.new_cache()
+    from specexport.runtime.drafters import feed
+    feed(pipe.target, cache, ids[:-1])
+    sp = SamplingParams(temperature=1.0, sampler="rejection", seed=0)
+    p = probs(warp(pipe.target.step(cache, [ids[-1]], len(ids) - 1).logits[0], sp))
+    pipe.start_engine(max_batch=4, max_queue=400)
+    n = 300
+    cs = [pipe.submit(prompt, max_new_tokens=2, temperature=1.0, sampler="rejection", seed=s, draft="recycle")
+          for s in range(n)]
+    first = np.array([c.wait(120).token_ids[0] for c in cs])
+    top = np.argsort(p)[::-1][:6]
+    obs = [int((first == t).sum()) for t in top] + [int((~np.isin(first, top)).sum())]
+    exp = [p[t] * n for t in top] + [(1 - p[top].sum()) * n]
+    assert chisquare(obs, exp).pvalue > 1e-3, (obs, exp)
+
+
+def test_refusals(bundles):
+    pipe = specexport.load(bundles["fused"])
+    with pytest.raises(PromptTooLong):
+        pipe.submit("a" * 90, max_new_tokens=20)
+    with pytest.raises(OptionError):
+        pipe.submit("hi", draft="model")
+    with pytest.raises(OptionError):
+        pipe.start_engine(max_batch=16)
+    pipe.start_engine(max_batch=1, max_queue=1)
+    a = pipe.submit("hello", max_new_tokens=60)
+    b = pipe.submit("hello", max_new_tokens=60)
+    with pytest.raises(QueueFull):
+        for _ in range(3):
+            pipe.submit("hello", max_new_tokens=60)
+    assert a.wait(60).finish_reason == "length" and b.wait(60).finish_reason == "length"
+    assert pipe.close(10)
