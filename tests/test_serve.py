@@ -36,8 +36,10 @@ HI = [{"role": "user", "content": "Hi there, how are you?"}]
 
 @pytest.fixture(scope="module")
 def bundle(ckpts, tmp_path_factory):
-    return build_bundle(tmp_path_factory.mktemp("serve") / "tiny", ckpts["target"], ckpts["noisy"],
-                        capacity=1024)
+    out = tmp_path_factory.getbasetemp() / "serve" / "tiny"  # built once a run: test_serve_ray.py takes it too
+    if not (out / "manifest.json").is_file():
+        build_bundle(out, ckpts["target"], ckpts["noisy"], capacity=1024)
+    return out
 
 
 @contextmanager

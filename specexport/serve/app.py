@@ -15,6 +15,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -354,7 +355,7 @@ def create_app(cfg: ServeConfig, pipe=None) -> FastAPI:
     @app.get("/health")
     async def health():
         """200 once the bundle is loaded and the server takes requests; 503 while loading or draining."""
-        body = {"status": svc.status, "model": cfg.name}
+        body = {"status": svc.status, "model": cfg.name, "pid": os.getpid()}  # pid: which replica answered
         if svc.status == "ready":
             return body | {"engine": svc.pipe.engine.stats()}
         return JSONResponse(body | ({"error": str(svc.error)} if svc.error else {}), status_code=503)
