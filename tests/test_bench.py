@@ -1,5 +1,6 @@
 """`specexport bench` end to end on a tiny bundle: records, the Spec-Bench-style table, the plot."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,108 @@ def test_bench_refuses_bad_sampling_options(bundle_noisy, tmp_path, capsys, opt,
     assert main(["bench", str(bundle_noisy), "--methods", "se-none", opt, value, "--out", str(tmp_path / "o")]) == 2
     assert f"error: {name} must be" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+def write_questions(path, turns):
+    path.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]})
+                              for i, (c, t) in enumerate(turns)))
+    return path
+
+
+def test_bench_skips_missing_peers_with_one_line(bundle_noisy, tmp_path, capsys):
+    """A peer that is not installed or has no converted model is skipped with one line saying how to get it;
+    the rest runs. --limit takes questions round-robin over the categories."""
+    qs = write_questions(tmp_path / "q.jsonl", [("writing", "abc abc"), ("writing", "xyz"), ("math", "1+1=")])
+    out = tmp_path / "out"
+    methods = "se-none,ov,ov-int4-pld,ortgenai,se-ngram-k2"
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--limit", "2", "--max-new-tokens", "6",
+                 "--methods", methods, "--ov-model", str(tmp_path / "no-ir"), "--ov-int4-model",
+                 str(tmp_path / "no-ir4"), "--ortgenai-model", str(tmp_path / "no-og"), "--out", str(out)]) == 0
+    err = capsys.readouterr().out
+    skipped = [x for x in err.splitlines() if x.startswith("skipping ")]
+    assert len(skipped) == 3 and all(("pip install" in x or "bash scripts/bench.sh" in x) for x in skipped), skipped
+    assert "Traceback" not in err
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    want = [(q, m) for q in (0, 2) for m in ("se-none", "se-ngram-k2")]
+    assert [(r["question_id"], r["method"]) for r in records] == want
+    assert all(r["cpu"] and "cpu_flags" in r for r in records)
+    table = (out / "summary.md").read_text()
+    assert table.startswith("Machine: ")
+    assert "Skipped (not installed or no model here): ov, ov-int4-pld, ortgenai" in table
+    assert json.loads((out / "config.json").read_text())["run"]["machine"]["model"]
+
+
+def test_bench_repeats_and_noise_warning(bundle_noisy, tmp_path):
+    """--repeats keeps the median and the runs; a spread over --noise is called out in the summary. Repeats of
+    a recycle method start from the same successor table, so they produce the same tokens."""
+    qs = write_questions(tmp_path / "q.jsonl", [("writing", "hello world, hello world")])
+    out = tmp_path / "out"
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--max-new-tokens", "8", "--repeats", "3",
+                 "--noise", "0", "--methods", "se-none,se-recycle-k2", "--out", str(out)]) == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert all(len(r["seconds_runs"]) == 3 and r["seconds"] in r["seconds_runs"] for r in records)
+    assert all(r["identical"] and "repeats_identical" not in r for r in records)
+    table = (out / "summary.md").read_text()
+    assert "median of 3 runs each" in table and "**Noisy samples**" in table
+
+
+def test_bench_finds_questions_without_the_cwd(tmp_path, monkeypatch):
+    from specexport.bench import find_questions
+
+    monkeypatch.delenv("SPECBENCH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    repo = Path(__file__).resolve().parents[1]
+    expect = [p for p in (repo.parent / "shared/specbench/question.jsonl", repo / "shared/specbench/question.jsonl")
+              if p.is_file()]
+    if expect:
+        assert find_questions() == expect[0]
+    else:
+        with pytest.raises(FileNotFoundError, match="--questions PATH"):
+            find_questions()
+    monkeypatch.setenv("SPECBENCH", str(write_questions(tmp_path / "mine.jsonl", [("qa", "hi")])))
+    assert find_questions() == tmp_path / "mine.jsonl"
+    with pytest.raises(FileNotFoundError, match="no Spec-Bench questions at"):
+        find_questions(str(tmp_path / "absent.jsonl"))
+
+
+def test_bench_concurrency_mode(bundle_noisy, tmp_path):
+    """--concurrency: requests through the batching engine at each level; aggregate throughput, TTFT/TPOT
+    percentiles, every output == its solo run, records + table + both plots."""
+    qs = write_questions(tmp_path / "q.jsonl", [("writing", "hello world, hello world"), ("math", "Q: 12+7? A:")])
+    out = tmp_path / "out"
+    methods = ["se-none", "se-ngram-k2", "se-recycle-kauto"]
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--per-category", "1", "--max-new-tokens",
+                 "10", "--concurrency", "1,2", "--methods", ",".join(methods), "--out", str(out)]) == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert {(r["concurrency"], r["method"]) for r in records} == {(c, m) for c in (1, 2) for m in methods}
+    assert len(records) == 2 * 3 * 2 and all(r["identical"] and r["new_tokens"] > 0 for r in records)
+    assert all(0 < r["ttft_s"] <= r["latency_s"] and r["cpu"] for r in records)
+    aggs = [json.loads(x) for x in (out / "aggregates.jsonl").read_text().splitlines()]
+    assert all(a["tokens_per_s"] > 0 and a["pool_bytes"] > 0 for a in aggs)
+    assert max(int(b) for a in aggs if a["concurrency"] == 2 for b in a["batch"]) == 2  # requests shared calls
+    table = (out / "summary.md").read_text()
+    assert "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s |" in table
+    for c in (1, 2):
+        for m in methods:
+            assert f"| {c} | {m} |" in table
+    for png in ("throughput.png", "latency.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_concurrency_poisson_and_refusals(bundle_noisy, tmp_path, capsys):
+    qs = write_questions(tmp_path / "q.jsonl", [("writing", "abc abc abc"), ("math", "1 2 3 1 2 3")])
+    out = tmp_path / "out"
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--max-new-tokens", "6", "--concurrency", "2",
+                 "--arrival", "poisson", "--rate", "20", "--requests", "3", "--methods", "se-none", "--out",
+                 str(out)]) == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all(r["identical"] for r in records)
+    assert records[0]["submit_s"] < records[2]["submit_s"]  # arrivals spread in time
+    for argv, msg in [(["--arrival", "poisson"], "--rate"), (["--methods", "se-model-k2"], "without a model"),
+                      (["--methods", "hf"], "does not run under --concurrency")]:
+        assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--concurrency", "1", "--out",
+                     str(tmp_path / "o"), *argv]) == 2
+        assert msg in capsys.readouterr().err
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--methods", "ov-cb", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert "--concurrency only" in capsys.readouterr().err

@@ -1,0 +1,317 @@
+"""The concurrency mode (`--concurrency 1,2,4,8,16`): many requests at once on one loaded bundle.
+
+For each concurrency level and method, Spec-Bench prompts go to the batching engine (`Pipeline.submit`, at
+most `level` decoding together) as a burst or as Poisson arrivals (`--arrival poisson --rate R`), each
+request consumed by its own thread as a client would. Measured per request: time to first token (submit ->
+first text piece) and time per output token after it; per run: aggregate tokens/s (all new tokens / wall
+time from the first submit to the last finish), the engine's batch sizes and pool bytes, the process RSS.
+Every output is checked against the same request run alone (`Pipeline.generate`, plain decoding), which is
+also the one-request baseline. OpenVINO GenAI's ContinuousBatchingPipeline (`ov-cb[-int4][-default][-pld]`)
+runs the same requests at the same concurrency (its scheduler's max_num_seqs = level) as the peer.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import machine
+from .config import BenchConfig, find_questions, parse_se, questions
+from .peers import OV_PLD, ov_device_defaults, ov_spec
+from .runner import runnable, sha1, spread
+
+OV_CACHE_GB = 2  # the OpenVINO scheduler's KV cache: 16 requests of ~1k tokens at float32 fit
+
+
+def arrival_times(n: int, cfg: BenchConfig) -> list[float]:
+    """Seconds after the start at which each request is submitted: all at 0 (burst), or a Poisson process
+    of `cfg.rate` requests per second (exponential gaps, seeded), the first at 0."""
+    if cfg.arrival == "burst":
+        return [0.0] * n
+    gaps = np.random.default_rng(cfg.seed).exponential(1.0 / cfg.rate, n)
+    return [0.0] + np.cumsum(gaps[:-1]).tolist()
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+class Load:
+    def __init__(self, cfg: BenchConfig, log: Callable[[str], None]):
+        import specexport
+
+        self.cfg, self.log = cfg, log
+        self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
+        self.eos = self.pipe.eos
+        self.biggest = max(self.pipe.manifest.batch_sizes)
+        self.sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+        self.ov_info: dict = {}
+
+    def strip(self, ids) -> list[int]:
+        ids = [int(t) for t in ids]
+        return ids[:next((i for i, t in enumerate(ids) if t in self.eos), len(ids))]
+
+    # ---- specexport: the batching engine
+    def engine(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
+        draft, k, _ = parse_se(meth)
+        pipe, n = self.pipe, self.cfg.max_new_tokens
+        pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])  # each run learns from nothing
+        pipe.start_engine(max_batch=min(level, self.biggest), max_queue=len(prompts))
+        pipe.submit(prompts[0][:16], max_new_tokens=2, draft=draft, k=k, **self.sampling).wait()  # warm-up
+        out: list = [None] * len(prompts)
+
+        def consume(i, c, t_sub):
+            first = None
+            for _ in c:
+                if first is None:
+                    first = time.perf_counter()
+            g = c.wait()
+            end = time.perf_counter()
+            out[i] = {"submit": t_sub, "first": first or end, "end": end, "tokens": self.strip(g.token_ids),
+                      "finish_reason": g.finish_reason, "tau": g.stats.tau,
+                      **({"error": repr(c.error)} if c.error else {})}
+
+        threads = []
+        t0 = time.perf_counter()
+        for i, (ids, a) in enumerate(zip(prompts, at)):
+            time.sleep(max(0.0, t0 + a - time.perf_counter()))
+            t_sub = time.perf_counter()
+            c = pipe.submit(ids, max_new_tokens=n, draft=draft, k=k, **self.sampling)
+            threads.append(threading.Thread(target=consume, args=(i, c, t_sub), daemon=True))
+            threads[-1].start()
+        for th in threads:
+            th.join()
+        st = pipe.engine.stats()
+        pipe.close()
+        return out, {"t0": t0, "max_batch": min(level, self.biggest), "batch": st.get("batch"),
+                     "pool_bytes": st.get("pool_bytes"), "steps": st.get("steps")}
+
+    # ---- OpenVINO GenAI: its continuous batching pipeline
+    def openvino(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
+        import openvino as ov
+        import openvino_genai as og
+
+        spec = ov_spec(meth, self.cfg)
+        sc = og.SchedulerConfig()
+        sc.max_num_seqs, sc.cache_size, sc.dynamic_split_fuse = level, OV_CACHE_GB, True
+        props = {**spec["props"], **({"prompt_lookup": True} if spec["pld"] else {})}
+        p = og.ContinuousBatchingPipeline(spec["model"], sc, "CPU", props)
+        self.ov_info[meth] = {"model": str(spec["model"]), "properties": spec["props"],
+                              "prompt_lookup": OV_PLD if spec["pld"] else None,
+                              "device_defaults": ov_device_defaults(), "kv_cache_gb": OV_CACHE_GB}
+
+        def gc(n):
+            g = og.GenerationConfig()
+            g.max_new_tokens = n
+            g.eos_token_id = min(self.eos)
+            g.stop_token_ids = set(self.eos)
+            if spec["pld"]:
+                g.num_assistant_tokens, g.max_ngram_size = OV_PLD["num_assistant_tokens"], OV_PLD["max_ngram_size"]
+            if self.cfg.temperature:
+                g.do_sample, g.temperature, g.top_p = True, self.cfg.temperature, self.cfg.top_p
+                g.rng_seed = self.cfg.seed
+            return g
+
+        def tensor(ids):
+            return ov.Tensor(np.array([ids], dtype=np.int64))
+
+        h = p.add_request(10 ** 6, tensor(prompts[0][:16]), gc(2))  # warm-up
+        while p.has_non_finished_requests():
+            p.step()
+        h.read_all()
+        handles, sub, first, end = {}, {}, {}, {}
+        i, n = 0, len(prompts)
+        t0 = time.perf_counter()
+        while i < n or len(end) < len(handles):
+            now = time.perf_counter()
+            while i < n and t0 + at[i] <= now:
+                handles[i] = p.add_request(i, tensor(prompts[i]), gc(self.cfg.max_new_tokens))
+                sub[i], i = now, i + 1
+            if p.has_non_finished_requests():
+                p.step()
+            elif i < n:
+                time.sleep(max(0.0, min(t0 + at[i] - time.perf_counter(), 0.005)))
+            t = time.perf_counter()
+            for j, hj in handles.items():
+                if j in end:
+                    continue
+                if j not in first and hj.can_read():
+                    first[j] = t
+                if hj.get_status() != og.GenerationStatus.RUNNING or not p.has_non_finished_requests():
+                    end[j] = t
+                    first.setdefault(j, t)
+        out = []
+        for j in range(n):
+            res = handles[j].read_all()
+            toks = self.strip(res[0].generated_ids) if res else []
+            out.append({"submit": sub[j], "first": first[j], "end": end[j], "tokens": toks,
+                        "finish_reason": str(handles[j].get_status()).rpartition(".")[2].lower()})
+        return out, {"t0": t0, "max_batch": level}
+
+    def solo(self, prompts: list) -> list[tuple[list[int], float]]:
+        """Each prompt alone through Pipeline.generate, plain decoding: the reference tokens and seconds."""
+        self.pipe.generate(prompts[0][:16], max_new_tokens=2, draft="none")  # warm-up
+        out = []
+        for ids in prompts:
+            t = time.perf_counter()
+            g = self.pipe.generate(ids, max_new_tokens=self.cfg.max_new_tokens, draft="none", **self.sampling)
+            out.append((self.strip(g.token_ids), time.perf_counter() - t))
+        return out
+
+
+def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]:
+    """-> (one record per request, one aggregate per (level, method, repeat), run info)."""
+    qpath = find_questions(cfg.questions)
+    meths = list(runnable(cfg, log))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    L = Load(cfg, log)
+    qs = questions(qpath, cfg.per_category, cfg.limit)
+    prompts = [L.pipe.encode(q["turns"][0], chat=True) for q in qs]
+    over = [c for c in cfg.concurrency if c > L.biggest]
+    if over:
+        log(f"the bundle batches at most {L.biggest} requests per target call: levels {over} run {L.biggest} "
+            f"at a time (rebuild with --batch ...,{max(over)} for more); OpenVINO runs them all at once")
+    log(f"{len(qs)} prompts, {cfg.max_new_tokens} new tokens, levels {list(cfg.concurrency)}, {cfg.arrival} "
+        f"arrivals{f' at {cfg.rate}/s' if cfg.arrival == 'poisson' else ''}; {machine.label()}")
+    solo = L.solo(prompts)
+    solo_tps = sum(len(t) for t, _ in solo) / sum(s for _, s in solo)
+    log(f"solo plain decoding (the reference): {solo_tps:.1f} tokens/s")
+    cpu = machine.cpu()
+    records, aggs = [], []
+    with open(out / "records.jsonl", "w") as f, open(out / "aggregates.jsonl", "w") as fa:
+        for level in cfg.concurrency:
+            n_req = cfg.requests or max(len(prompts), level)
+            order = [j % len(prompts) for j in range(n_req)]
+            at = arrival_times(n_req, cfg)
+            for rep in range(cfg.repeats):
+                for meth in meths:
+                    drive = L.engine if meth.startswith("se-") else L.openvino
+                    res, extra = drive(meth, [prompts[j] for j in order], at, level)
+                    t0 = extra.pop("t0")
+                    rows = []
+                    for i, (pi, r) in enumerate(zip(order, res)):
+                        n = len(r["tokens"])
+                        row = {"mode": "concurrency", "concurrency": level, "arrival": cfg.arrival, "rate": cfg.rate,
+                               "repeat": rep, "method": meth, "request": i, "question_id": qs[pi]["question_id"],
+                               "category": qs[pi]["category"], "prompt_tokens": len(prompts[pi]), "new_tokens": n,
+                               "submit_s": r["submit"] - t0, "ttft_s": r["first"] - r["submit"],
+                               "tpot_s": (r["end"] - r["first"]) / (n - 1) if n > 1 else None,
+                               "latency_s": r["end"] - r["submit"], "identical": r["tokens"] == solo[pi][0],
+                               "output_sha1": sha1(r["tokens"]), "finish_reason": r["finish_reason"],
+                               **{k: r[k] for k in ("tau", "error") if k in r},
+                               "cpu": cpu["model"], "cpu_flags": " ".join(cpu["flags"])}
+                        rows.append(row)
+                        f.write(json.dumps(row) + "\n")
+                    wall = max(r["end"] for r in res) - t0
+                    agg = {"concurrency": level, "method": meth, "repeat": rep, "requests": len(rows),
+                           "new_tokens": sum(r["new_tokens"] for r in rows), "wall_s": wall,
+                           "tokens_per_s": sum(r["new_tokens"] for r in rows) / wall,
+                           "identical": sum(r["identical"] for r in rows), "rss_mb": rss_mb(), **extra,
+                           "cpu": cpu["model"], "cpu_flags": " ".join(cpu["flags"])}
+                    fa.write(json.dumps(agg) + "\n")
+                    records += rows
+                    aggs.append(agg)
+                    tt = [r["ttft_s"] for r in rows]
+                    log(f"c={level} {meth}: {agg['tokens_per_s']:.1f} tokens/s, TTFT p50 {pct(tt, 50):.2f} s, "
+                        f"{agg['identical']}/{len(rows)} identical to solo")
+    info = {"methods": meths, "skipped": [x for x in cfg.methods if x not in meths], "questions": str(qpath),
+            "machine": cpu, "versions": machine.versions(), "peers": L.ov_info, "solo_tokens_per_s": solo_tps,
+            "solo_seconds": sum(s for _, s in solo), "batch_sizes": L.pipe.manifest.batch_sizes}
+    return records, aggs, info
+
+
+def summarize_load(records: list[dict], aggs: list[dict], cfg: BenchConfig, info: dict) -> str:
+    from .report import header
+
+    solo = info["solo_tokens_per_s"]
+    lines = header(cfg, info) + [
+        f"Concurrency: {len({r['request'] for r in records})} requests per level at most, {cfg.max_new_tokens} "
+        f"new tokens, {'greedy' if not cfg.temperature else f'sampled (temperature {cfg.temperature})'}, "
+        f"{cfg.arrival} arrivals{f' at {cfg.rate} requests/s' if cfg.arrival == 'poisson' else ''}; bundle batch "
+        f"sizes {info['batch_sizes']}. Baseline: each request alone, plain decoding = {solo:.1f} tokens/s. "
+        "TTFT: submit -> first text piece; TPOT: seconds per output token after the first. Identical: "
+        "tokens == the same request run alone." + (f" Median of {cfg.repeats} runs." if cfg.repeats > 1 else ""),
+        "", "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
+            "TPOT p99 ms | identical | pool MB | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    noisy = []
+    for level, meth in dict.fromkeys((a["concurrency"], a["method"]) for a in aggs):
+        ag = [a for a in aggs if a["concurrency"] == level and a["method"] == meth]
+        rs = [r for r in records if r["concurrency"] == level and r["method"] == meth]
+        tps = [a["tokens_per_s"] for a in ag]
+        if spread(tps) > cfg.noise:
+            noisy.append(f"c={level} {meth} ({spread(tps):.0%})")
+        med = float(np.median(tps))
+        tt = [r["ttft_s"] for r in rs]
+        tp = [1e3 * r["tpot_s"] for r in rs if r["tpot_s"] is not None]
+        pool = ag[0].get("pool_bytes")
+        lines.append(f"| {level} | {meth} | {med:.1f} | {med / solo:.2f}x | {pct(tt, 50):.2f} | {pct(tt, 99):.2f} | "
+                     f"{pct(tp, 50):.1f} | {pct(tp, 99):.1f} | {sum(r['identical'] for r in rs)}/{len(rs)} | "
+                     f"{'' if pool is None else f'{pool / 2**20:.0f}'} | {ag[-1]['rss_mb']:.0f} |")
+    bad = [r for r in records if not r["identical"] and r["method"].startswith("se-")]
+    if bad:
+        lines += ["", "**Not token-identical to the solo run**: " + ", ".join(
+            f"{r['method']} c={r['concurrency']} request {r['request']} (q{r['question_id']})" for r in bad[:20]) +
+            (f" and {len(bad) - 20} more" if len(bad) > 20 else "")]
+    if noisy:
+        lines += ["", f"**Noisy**: throughput spread more than {cfg.noise:.0%} over the repeats: " + ", ".join(noisy)]
+    return "\n".join(lines)
+
+
+def plot_load(records: list[dict], aggs: list[dict], info: dict, out: Path) -> None:
+    """throughput.png: aggregate tokens/s against concurrency; latency.png: TPOT p50 against throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meths = list(dict.fromkeys(a["method"] for a in aggs))
+    levels = sorted({a["concurrency"] for a in aggs})
+
+    def med(meth, level):
+        return float(np.median([a["tokens_per_s"] for a in aggs if a["method"] == meth and a["concurrency"] == level]))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in meths:
+        ax.plot(levels, [med(m, c) for c in levels], marker="o", label=m)
+    ax.axhline(info["solo_tokens_per_s"], color="k", lw=0.6, ls="--", label="one request, plain (solo)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title(machine.label(), fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in meths:
+        xs, ys = [], []
+        for c in levels:
+            tp = [1e3 * r["tpot_s"] for r in records if r["method"] == m and r["concurrency"] == c and r["tpot_s"]]
+            xs.append(med(m, c))
+            ys.append(pct(tp, 50))
+        ax.plot(xs, ys, marker="o", label=m)
+        for c, x, y in zip(levels, xs, ys):
+            ax.annotate(str(c), (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    ax.set_xlabel("aggregate tokens/s")
+    ax.set_ylabel("time per output token, p50 (ms)")
+    ax.set_title("latency against throughput (labels: concurrency)", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=110)
+    plt.close(fig)
