@@ -1,4 +1,4 @@
-"""Would an exact "screened" LM head pay? Measured, not shipped (docs/benchmarks.md).
+"""Would an exact "screened" LM head pay? Measured, not shipped (experiments/README.md, docs/benchmarks.md).
 
 Idea: greedy decoding needs only each row's argmax. Score all V tokens with an int8 copy of the LM head
 (onnxruntime MatMulNBits, 8 bits, block 32, accuracy level 4: int8 activations), bound the error per token
@@ -8,7 +8,7 @@ bound reaches the best lower bound. The argmax stays exact; the head reads 28 MB
 This script measures the two things that decide it: how many tokens survive the bound (final hidden states
 of SmolLM2 on its own greedy answers to Spec-Bench questions) and the head's time per T.
 
-  python scripts/screen_probe.py --model models/smollm2-135m
+  python experiments/screen_probe.py --model models/smollm2-135m
 """
 import argparse
 import json

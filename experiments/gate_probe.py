@@ -1,4 +1,4 @@
-"""Would a confidence gate on the draft model's length pay? Measured, not shipped (docs/benchmarks.md).
+"""Would a confidence gate on the draft model's length pay? Measured, not shipped (experiments/README.md, docs/benchmarks.md).
 
 Idea: stop drafting after a token the draft itself finds unlikely (its softmax probability p < theta): the
 next draft call would most likely be wasted. Lossless either way (the gate only shortens the proposal).
@@ -7,7 +7,7 @@ graph is symbolic in T), and runs plain decoding, recycle and the bundle's draft
 on the first question of each Spec-Bench category, every method on every question in turn; outputs are
 asserted identical. It also prints how often a drafted token was accepted against its draft probability.
 
-  python scripts/gate_probe.py bundles/smollm2
+  python experiments/gate_probe.py bundles/smollm2
 """
 import argparse
 import json

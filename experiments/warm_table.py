@@ -3,7 +3,7 @@ from every verify call of a Pipeline. This measures the recycle drafter on an ev
 questions (the first 2 of each category) with a cold table, and again after a warm pass over other
 questions (5th-10th of each category), reporting tokens per target step and tokens/s.
 
-    python scripts/warm_table.py bundles/smollm2 [--questions ../shared/specbench/question.jsonl]
+    python experiments/warm_table.py bundles/smollm2 [--questions ../shared/specbench/question.jsonl]
 """
 import argparse
 import json

@@ -8,9 +8,9 @@ prompts itself (sampled after the chat template's user header), then answers the
 states come from those answers. Evaluation: the first N Spec-Bench questions per category (the benchmark's
 questions, never trained on), greedy answers of the target, top-1 agreement of the head per draft depth.
 
-  python scripts/head_probe.py gen --batches 4 --out /tmp/head     # ~6 min per batch of 128 on 2 cores
-  python scripts/head_probe.py eval-data --out /tmp/head
-  python scripts/head_probe.py train --out /tmp/head --epochs 6
+  python experiments/head_probe.py gen --batches 4 --out /tmp/head     # ~6 min per batch of 128 on 2 cores
+  python experiments/head_probe.py eval-data --out /tmp/head
+  python experiments/head_probe.py train --out /tmp/head --epochs 6
 """
 import argparse
 import glob

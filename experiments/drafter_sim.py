@@ -3,7 +3,7 @@ cost curve (ratio to a plain step, from scripts/step_times.py --any-T) and the t
 prices instead of wall times, so which T each step picks, the tokens and the total cost are deterministic.
 Prints tokens per step and tokens per plain-step of cost (what the decode phase's speedup is).
 
-  python scripts/drafter_sim.py bundles/smollm2 --questions 4,5 --set decay=0.98 --set orders=4
+  python experiments/drafter_sim.py bundles/smollm2 --questions 4,5 --set decay=0.98 --set orders=4
 """
 import argparse
 import collections
@@ -18,7 +18,7 @@ p.add_argument("--spec-bench", default="../shared/specbench/question.jsonl")
 p.add_argument("--questions", default="4,5", help="indices within each category (the benchmark uses 0..3)")
 p.add_argument("--max-new-tokens", type=int, default=128)
 p.add_argument("--cost", default="1:1.0,2:1.10,3:1.19,4:1.26,5:1.29,6:1.35,7:1.59,8:1.61,9:1.66",
-               help="T:ratio to a T=1 step (default: the sixth session's sweep at S=256)")
+               help="T:ratio to a T=1 step (default: the sweep at S=256 of 2026-11-29, AMD EPYC 2 cores AVX2)")
 p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                help="RecycleDrafter max_n / decay / limit, or orders (successor table context lengths)")
 a = p.parse_args()
