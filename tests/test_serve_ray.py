@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,15 +29,13 @@ def test_two_replicas_answer_the_same_routes_and_shut_down_on_sigterm(bundle):  
     proc = subprocess.Popen([sys.executable, "-m", "specexport.cli", "serve", str(bundle), "--ray", "--replicas", "2",
                              "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
         t0 = time.perf_counter()
-        while True:
-            assert proc.poll() is None and time.perf_counter() - t0 < 180, proc.stdout and proc.stdout.read()
-            try:
-                if get(url + "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
+        # /health answers as soon as one replica is up; the "ready" line comes once serve.run has all of them
+        while not any("ready on" in line for line in lines):
+            assert proc.poll() is None and time.perf_counter() - t0 < 180, "".join(lines)
             time.sleep(0.5)
         pids = {json.loads(get(url + "/health")[1])["pid"] for _ in range(40)}
         assert len(pids) == 2  # Ray spreads requests over both replicas

@@ -70,7 +70,8 @@ def run(cfg: ServeConfig, replicas: int, address: str | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, f: stop.set())
         stop.wait()
-        serve.shutdown()  # replicas drain for up to graceful_shutdown_timeout_s
+        # replicas drain for up to graceful_shutdown_timeout_s; other apps of a shared cluster are left alone
+        serve.delete("specexport")
     finally:
         ray.shutdown()
     return 0
