@@ -38,3 +38,8 @@ class GenerationError(SpecExportError):
 class BuildError(SpecExportError):
     """A build that cannot write its bundle (disk full, read-only or unwritable output, a live build at the
     same --out); nothing half-written is left at --out."""
+
+
+class TemplateError(OptionError):
+    """A chat template that refused the messages (its raise_exception), failed on them, or was stopped at a
+    limit (render time, output size, characters computed); the message says which."""
