@@ -55,6 +55,10 @@ class Load:
 
         self.cfg, self.log = cfg, log
         self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
+        self.pipes = {"": self.pipe}  # bundle tag -> pipeline (se-...@TAG: --extra-bundle TAG=PATH)
+        for spec in cfg.extra_bundles:
+            tag, _, path = spec.partition("=")
+            self.pipes[tag] = specexport.load(path, threads=cfg.threads)
         self.eos = self.pipe.eos
         self.biggest = max(self.pipe.manifest.batch_sizes)
         self.sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
@@ -66,10 +70,11 @@ class Load:
 
     # ---- specexport: the batching engine
     def engine(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
-        draft, k, _ = parse_se(meth)
-        pipe, n = self.pipe, self.cfg.max_new_tokens
+        draft, k, tag = parse_se(meth)
+        pipe, n = self.pipes[tag], self.cfg.max_new_tokens
+        biggest = max(pipe.manifest.batch_sizes)
         pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])  # each run learns from nothing
-        pipe.start_engine(max_batch=min(level, self.biggest), max_queue=len(prompts))
+        pipe.start_engine(max_batch=min(level, biggest), max_queue=len(prompts))
         pipe.submit(prompts[0][:16], max_new_tokens=2, draft=draft, k=k, **self.sampling).wait()  # warm-up
         out: list = [None] * len(prompts)
 
@@ -96,7 +101,7 @@ class Load:
             th.join()
         st = pipe.engine.stats()
         pipe.close()
-        return out, {"t0": t0, "max_batch": min(level, self.biggest), "batch": st.get("batch"),
+        return out, {"t0": t0, "max_batch": min(level, biggest), "batch": st.get("batch"),
                      "pool_bytes": st.get("pool_bytes"), "steps": st.get("steps")}
 
     # ---- OpenVINO GenAI: its continuous batching pipeline
@@ -161,13 +166,15 @@ class Load:
                         "finish_reason": str(handles[j].get_status()).rpartition(".")[2].lower()})
         return out, {"t0": t0, "max_batch": level}
 
-    def solo(self, prompts: list) -> list[tuple[list[int], float]]:
-        """Each prompt alone through Pipeline.generate, plain decoding: the reference tokens and seconds."""
-        self.pipe.generate(prompts[0][:16], max_new_tokens=2, draft="none")  # warm-up
+    def solo(self, prompts: list, tag: str = "") -> list[tuple[list[int], float]]:
+        """Each prompt alone through Pipeline.generate, plain decoding on the bundle tagged `tag`: the
+        reference tokens and seconds."""
+        pipe = self.pipes[tag]
+        pipe.generate(prompts[0][:16], max_new_tokens=2, draft="none")  # warm-up
         out = []
         for ids in prompts:
             t = time.perf_counter()
-            g = self.pipe.generate(ids, max_new_tokens=self.cfg.max_new_tokens, draft="none", **self.sampling)
+            g = pipe.generate(ids, max_new_tokens=self.cfg.max_new_tokens, draft="none", **self.sampling)
             out.append((self.strip(g.token_ids), time.perf_counter() - t))
         return out
 
@@ -187,8 +194,10 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
             f"at a time (rebuild with --batch ...,{max(over)} for more); OpenVINO runs them all at once")
     log(f"{len(qs)} prompts, {cfg.max_new_tokens} new tokens, levels {list(cfg.concurrency)}, {cfg.arrival} "
         f"arrivals{f' at {cfg.rate}/s' if cfg.arrival == 'poisson' else ''}; {machine.label()}")
-    solo = L.solo(prompts)
-    solo_tps = sum(len(t) for t, _ in solo) / sum(s for _, s in solo)
+    solo = {"": L.solo(prompts)}  # bundle tag -> per prompt (tokens, seconds); the peers compare with ""
+    for tag in dict.fromkeys(m.partition("@")[2] for m in meths if m.startswith("se-") and "@" in m):
+        solo[tag] = L.solo(prompts, tag)
+    solo_tps = sum(len(t) for t, _ in solo[""]) / sum(s for _, s in solo[""])
     log(f"solo plain decoding (the reference): {solo_tps:.1f} tokens/s")
     cpu = machine.cpu()
     records, aggs = [], []
@@ -203,6 +212,7 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
                     res, extra = drive(meth, [prompts[j] for j in order], at, level)
                     t0 = extra.pop("t0")
                     rows = []
+                    ref = solo[meth.partition("@")[2] if meth.startswith("se-") else ""]
                     for i, (pi, r) in enumerate(zip(order, res)):
                         n = len(r["tokens"])
                         row = {"mode": "concurrency", "concurrency": level, "arrival": cfg.arrival, "rate": cfg.rate,
@@ -210,7 +220,7 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
                                "category": qs[pi]["category"], "prompt_tokens": len(prompts[pi]), "new_tokens": n,
                                "submit_s": r["submit"] - t0, "ttft_s": r["first"] - r["submit"],
                                "tpot_s": (r["end"] - r["first"]) / (n - 1) if n > 1 else None,
-                               "latency_s": r["end"] - r["submit"], "identical": r["tokens"] == solo[pi][0],
+                               "latency_s": r["end"] - r["submit"], "identical": r["tokens"] == ref[pi][0],
                                "output_sha1": sha1(r["tokens"]), "finish_reason": r["finish_reason"],
                                **{k: r[k] for k in ("tau", "error") if k in r},
                                "cpu": cpu["model"], "cpu_flags": " ".join(cpu["flags"])}
@@ -230,7 +240,8 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
                         f"{agg['identical']}/{len(rows)} identical to solo")
     info = {"methods": meths, "skipped": [x for x in cfg.methods if x not in meths], "questions": str(qpath),
             "machine": cpu, "versions": machine.versions(), "peers": L.ov_info, "solo_tokens_per_s": solo_tps,
-            "solo_seconds": sum(s for _, s in solo), "batch_sizes": L.pipe.manifest.batch_sizes}
+            "solo_seconds": sum(s for _, s in solo[""]),
+            "batch_sizes": {tag or "main": p.manifest.batch_sizes for tag, p in L.pipes.items()}}
     return records, aggs, info
 
 
