@@ -69,8 +69,7 @@ def prepare(pack: Path) -> None:
 
 def run_case(target, draft_backend, ids, draft, k):
     from specexport.runtime.decoder import DecodeConfig, Stats, generate
-    from specexport.runtime.drafters import ModelDrafter, NgramDrafter
-    from specexport.runtime.tree import RecycleDrafter, SuccessorTable
+    from specexport.runtime.drafters import ModelDrafter, NgramDrafter, RecycleDrafter, SuccessorTable
 
     drafter = {"none": lambda: None, "model": lambda: ModelDrafter(draft_backend),
                "ngram": lambda: NgramDrafter(3),
@@ -86,8 +85,8 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
     import torch
 
     from specexport import bundle
-    from specexport.runtime.backends import OrtBackend
-    from specexport.torch_backend import TorchBackend
+    from specexport.backends.ort import OrtBackend
+    from specexport.backends.torch_graphs import TorchBackend
 
     m = bundle.read(pack / "bundle")
     cases = json.loads((pack / "reference.json").read_text())
@@ -103,7 +102,7 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
         import onnxruntime as ort
 
         if "CUDAExecutionProvider" in ort.get_available_providers():
-            from specexport.ort_device import OrtDeviceBackend
+            from specexport.backends.ort_device import OrtDeviceBackend
 
             backends["onnxruntime CUDA EP, IO binding"] = lambda: [
                 OrtDeviceBackend(pack / "bundle", e, m.buckets, device="cuda") for e in (m.target, m.draft)]
@@ -111,7 +110,7 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
             import tensorrt  # noqa: F401
 
             from specexport.exporter.tensorrt import build_engine
-            from specexport.trt_backend import TrtBackend
+            from specexport.backends.trt import TrtBackend
 
             def trt_pair():
                 es = [dataclasses.replace(e, engine=build_engine(pack / "bundle", e, m.buckets, "fp32"))
@@ -160,7 +159,7 @@ def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 
     from specexport import bundle
     from specexport.graphs.config import GraphConfig
     from specexport.graphs.llama import LlamaGraph, rotation
-    from specexport.torch_backend import TorchBackend
+    from specexport.backends.torch_graphs import TorchBackend
 
     m = bundle.read(pack / "bundle")
     rows = ["| model (random weights) | dtype | T | S | eager ms | CUDA graph ms | graph speedup |",

@@ -9,7 +9,7 @@ import statistics
 
 import specexport
 from specexport.bench import questions
-from specexport.runtime.tree import SuccessorTable
+from specexport.runtime.drafters import SuccessorTable
 
 p = argparse.ArgumentParser()
 p.add_argument("bundle")

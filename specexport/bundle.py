@@ -147,7 +147,8 @@ def _int(x, where: str, lo: int, hi: int) -> int:
 
 def _num(x, where: str, finite: bool = True, lo: float = -math.inf) -> float:
     if type(x) not in (int, float) or (finite and not math.isfinite(x)) or x < lo:
-        raise _bad(where, f"must be a {'finite ' if finite else ''}number" + (f" >= {lo:g}" if lo > -math.inf else ""), x)
+        bound = f" >= {lo:g}" if lo > -math.inf else ""
+        raise _bad(where, f"must be a {'finite ' if finite else ''}number{bound}", x)
     return x
 
 
@@ -191,7 +192,7 @@ def check(d) -> None:
     if d.get("format") != FORMAT:
         raise BundleError(f"not a specexport bundle (format={_show(d.get('format'))} in {MANIFEST})")
     if d.get("format_version") != FORMAT_VERSION or type(d.get("format_version")) is not int:
-        raise BundleError(f"bundle format version {_show(d.get('format_version'))} but this specexport reads "
+        raise BundleError(f"bundle format_version {_show(d.get('format_version'))} but this specexport reads "
                           f"version {FORMAT_VERSION}: rebuild it with `specexport build`")
     _obj(d, "", required=("specexport_version", "capacity", "batch", "models", "tokenizer", "files", "build",
                           "buckets", "format", "format_version"), optional=("batch_sizes", "sizes"))
@@ -199,16 +200,16 @@ def check(d) -> None:
     _obj(d["build"], "build", free=True)
     S = _int(d["capacity"], "capacity", 8, MAX_CAPACITY)
     buckets = _list(d["buckets"], "buckets", 32)
-    for i, b in enumerate(buckets):
-        _int(b, f"buckets[{i}]", 2 if i == 0 else buckets[i - 1] + 1, S)
     if not buckets or buckets[-1] != S:
-        raise _bad("buckets", f"must rise strictly to the capacity {S}", buckets)
+        raise _bad("buckets", f"must end at the capacity ({S})", buckets)
+    for i, b in enumerate(buckets):
+        _int(b, f"buckets[{i}] (rising to the capacity)", 2 if i == 0 else buckets[i - 1] + 1, S)
     B = _int(d["batch"], "batch", 1, MAX_BATCH)
     sizes_b = _list(d.get("batch_sizes", [1]), "batch_sizes", MAX_BATCH)
-    for i, b in enumerate(sizes_b):
-        _int(b, f"batch_sizes[{i}]", 1 if i == 0 else sizes_b[i - 1] + 1, B)
     if not sizes_b or sizes_b[-1] != B:
-        raise _bad("batch_sizes", f"must rise strictly to the batch {B}", sizes_b)
+        raise _bad("batch_sizes", f"must end at the batch ({B})", sizes_b)
+    for i, b in enumerate(sizes_b):
+        _int(b, f"batch_sizes[{i}] (rising to the batch)", 1 if i == 0 else sizes_b[i - 1] + 1, B)
     files = _check_files(d)
     models = _obj(d["models"], "models", required=("target",), optional=("draft",))
     for role, e in models.items():
@@ -359,7 +360,8 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
             _str(s["dtype"], f"{where}.{side}[{i}].dtype", choices=DTYPES)
             for j, dim in enumerate(_list(s["shape"], f"{where}.{side}[{i}].shape", 8)):
                 if not (dim in DIM_NAMES or (type(dim) is int and 0 <= dim <= 1 << 22)):
-                    raise _bad(f"{where}.{side}[{i}].shape[{j}]", f"must be a size or one of {', '.join(DIM_NAMES)}", dim)
+                    raise _bad(f"{where}.{side}[{i}].shape[{j}]",
+                               f"must be a size or one of {', '.join(DIM_NAMES)}", dim)
         names = [s["name"] for s in specs]
         optional = ("logit_rows", "top_ids")  # bundles built before these have all-row logits, no top ids
         if names != [n for n in want if n in names or n not in optional]:
@@ -413,8 +415,9 @@ def check_graph_io(entry: ModelEntry, inputs: list, outputs: list) -> None:
     where = f"models.{entry.role}.graph"
     for side, specs, got in (("inputs", entry.inputs, inputs), ("outputs", entry.outputs, outputs)):
         if [s["name"] for s in specs] != [g[0] for g in got]:
-            raise BundleError(f"{entry.graph}: the graph's {side} ({', '.join(g[0] for g in got[:6])}, ...) are not "
-                              f"the manifest's {where} {side}: the manifest or the graph was changed; rebuild the bundle")
+            raise BundleError(f"{entry.graph}: the graph's {side} ({', '.join(g[0] for g in got[:6])}, ...) are "
+                              f"not the manifest's {where} {side}: the manifest or the graph was changed; rebuild "
+                              "the bundle")
         for s, (name, shape, dtype) in zip(specs, got):
             fixed = [d if type(d) is int else None for d in shape]
             want = [d if type(d) is int else None for d in s["shape"]]
@@ -550,11 +553,12 @@ def _parse(raw: bytes, shown: Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BundleError(f"{shown} is not UTF-8 ({e.reason} at byte {e.start}): rebuild the bundle") from None
-    depth = 0
+    depth = deepest = 0
     for tok in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):  # brackets outside strings
         c = tok.group()
         depth += 1 if c in "[{" else -1 if c in "]}" else 0
-        if depth > MAX_DEPTH:
+        deepest = max(deepest, depth)
+        if depth > 8 * MAX_DEPTH:  # too deep to parse safely, so too deep to say where
             raise BundleError(f"{shown} nests deeper than {MAX_DEPTH} levels: not a manifest; rebuild the bundle")
     try:
         d = json.loads(text)
@@ -562,4 +566,43 @@ def _parse(raw: bytes, shown: Path) -> dict:
         raise BundleError(f"{shown} is not valid JSON ({e}): rebuild the bundle") from None
     if not isinstance(d, dict):
         raise BundleError(f"{shown} holds a JSON {type(d).__name__}, not an object: rebuild the bundle")
+    if deepest > MAX_DEPTH:
+        raise _bad(_deep_field(d), f"nests deeper than {MAX_DEPTH} levels")
     return d
+
+
+def _deep_field(d) -> str:
+    """The dotted name of the first field holding a value nested more than MAX_DEPTH levels down."""
+    stack = [(d, [], 1)]
+    while stack:
+        x, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[:6]).lstrip(".")
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+        stack.extend((v, path + [k], depth + 1) for k, v in items if isinstance(v, (dict, list)))
+    return "the manifest"
+
+
+def describe(m: Manifest, root: Path | None = None) -> str:
+    """A person's view of a manifest (`specexport inspect`)."""
+    lines = [f"specexport bundle v{m.format_version} (specexport {m.specexport_version}), "
+             f"capacity {m.capacity} (buckets {m.buckets}), batch {m.batch}, built {m.build.get('created', '?')}"]
+    for role, e in m.models.items():
+        a = e.arch
+        lines.append(f"{role}: {e.kind} {e.source.get('name')} - {a['arch']} L={a['num_layers']} "
+                     f"E={a['hidden_size']} H={a['num_heads']}/{a['num_kv_heads']} D={a['head_dim']} "
+                     f"V={a['vocab_size']} rope={a['rope_type']}")
+        for name, p in e.parity.items():
+            lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
+                         f"top-1 {p['top1']:.2f}")
+        if "verify_drift" in e.notes:
+            plain_only = "" if e.notes.get("speculative", True) else \
+                f" ({e.notes.get('activations')} activations: plain decoding only)"
+            lines.append(f"  verify vs decode max|dlogit| {e.notes['verify_drift']:.2e}{plain_only}")
+    lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
+                 f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
+    if root is not None:
+        size = sum((root / f).stat().st_size for f in m.files)
+        lines.append(f"files: {len(m.files)}, {size / 1e6:.0f} MB")
+    lines.append(f"build: {json.dumps(m.build.get('timings', {}))}")
+    return "\n".join(lines)

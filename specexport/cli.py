@@ -19,7 +19,8 @@ def _ks(s: str) -> tuple:
 
 
 def cmd_build(a) -> int:
-    from .exporter.build import BuildConfig, DraftSpec, build, summary
+    from .bundle import describe
+    from .exporter.build import BuildConfig, DraftSpec, build
 
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
@@ -28,16 +29,16 @@ def cmd_build(a) -> int:
                       batch_sizes=a.batch)
     m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)))
     if not a.quiet:
-        print(summary(m, Path(a.out)))
+        print(describe(m, Path(a.out)))
     return 0
 
 
 def cmd_inspect(a) -> int:
     from . import bundle
-    from .exporter.build import summary  # pure formatting; importing it pulls in no torch
+    from .bundle import describe
 
     m = bundle.read(a.bundle, verify=not a.no_verify)
-    print(m.to_json() if a.json else summary(m, Path(a.bundle)))
+    print(m.to_json() if a.json else describe(m, Path(a.bundle)))
     return 0
 
 
@@ -90,6 +91,8 @@ def cmd_serve(a) -> int:
                       threads=a.threads, drain_timeout=a.drain_timeout)
     if not Path(a.bundle, "manifest.json").is_file():
         raise FileNotFoundError(f"{a.bundle} is not a bundle (no manifest.json): build one with specexport build")
+    if a.replicas != 1 and not a.ray:
+        raise ValueError("--replicas needs --ray (one process serves one engine)")
     if a.ray:
         from .serve.ray_app import run
         return run(cfg, a.replicas)

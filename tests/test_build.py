@@ -37,7 +37,7 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     graph = onnx.load(str(bundle_noisy / "target.onnx"), load_external_data=False).graph
     assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == m.target.arch["num_layers"]
     # the fused graph also ranks each row's top-8 tokens (the recycle drafter's successor table reads them)
-    from specexport.runtime.backends import OrtBackend
+    from specexport.backends.ort import OrtBackend
 
     be = OrtBackend(bundle_noisy, m.target, m.buckets)
     out = be.step(be.new_cache(), [3, 5, 7], 0)
@@ -72,7 +72,8 @@ def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path)
 @pytest.mark.parametrize("spec,kind", [("self:int8", "int8"), ("self:int4", "int4"), ("self:layers=2", "early-exit")])
 def test_derived_drafts(ckpts, tmp_path, spec, kind):
     import specexport
-    from specexport.runtime.drafters import ModelDrafter, SharedKV, shares_cache
+    from specexport.runtime.drafters import ModelDrafter, shares_cache
+    from specexport.runtime.kv import SharedKV
 
     out = build_bundle(tmp_path / "b", ckpts["target"], draft=spec, ks=(2,))
     m = bundle.read(out)
@@ -86,8 +87,8 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     if kind != "early-exit":
         d = ModelDrafter(pipe.draft, share=True)
         cache = pipe.target.new_cache()
-        d.start([1, 2, 3], cache)
-        assert d.run_s == 0.0 and isinstance(d.cache, SharedKV) and d.cache.data is cache.data
+        assert d.start([1, 2, 3], cache) == 0.0  # no prefill of its own
+        assert isinstance(d.cache, SharedKV) and d.cache.data is cache.data
         cache.n = 2  # what the target's prefill would have committed
         d.propose([1, 2, 3], 2, lambda logits, pos: (int(logits.argmax()), None))
         assert cache.n == 2 and d.cache.n == 4  # the draft wrote slots 2..3 (free in the target), committed nothing

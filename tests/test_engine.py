@@ -76,7 +76,7 @@ def test_rejection_sampler_law_in_a_batch(bundles):
     prompt = "abc abc abc ab"
     ids = pipe.encode(prompt)
     cache = pipe.target.new_cache()
-    from specexport.runtime.drafters import feed
+    from specexport.runtime.prefill import feed
     feed(pipe.target, cache, ids[:-1])
     sp = SamplingParams(temperature=1.0, sampler="rejection", seed=0)
     p = probs(warp(pipe.target.step(cache, [ids[-1]], len(ids) - 1).logits[0], sp))

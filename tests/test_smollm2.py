@@ -76,7 +76,7 @@ def test_int8_activations_drift_on_the_real_model(smol, tmp_path):
     from specexport import bundle
     from specexport.exporter import onnx as sx_onnx
     from specexport.exporter import parity
-    from specexport.runtime.backends import OrtBackend
+    from specexport.backends.ort import OrtBackend
 
     _, out = smol
     m = bundle.read(out)

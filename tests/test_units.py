@@ -147,9 +147,10 @@ def test_bad_sampling_params(kw, match):
 
 
 def test_tree_inputs_and_walk_follow_the_branch_the_target_picks():
-    from specexport.runtime.decoder import Picker
+    from specexport.runtime.accept import Picker
     from specexport.runtime.sampling import SamplingParams
-    from specexport.runtime.tree import Tree, accept_tree
+    from specexport.runtime.accept import accept_tree
+    from specexport.runtime.drafters import Tree
 
     # root 5 -> children 1 (node 1) and 2 (node 2); node 2 -> 3 (node 3)
     t = Tree(tokens=[5, 1, 2, 3], parent=[-1, 0, 0, 2], depth=[0, 1, 1, 2], score=[1.0, 0.5, 0.4, 0.2],
@@ -168,7 +169,7 @@ def test_tree_inputs_and_walk_follow_the_branch_the_target_picks():
 
 
 def test_successor_table_keeps_top_w_in_order_longest_context_first():
-    from specexport.runtime.tree import SuccessorTable
+    from specexport.runtime.drafters import SuccessorTable
 
     tab = SuccessorTable(vocab=10, width=3)
     logits = np.array([[0, 5, 1, 9, 2, 0, 0, 7, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0, 0, 3]], np.float32)
@@ -203,7 +204,7 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
     for trial in range(400):
         seq = rng.integers(0, 4 if trial % 2 else 12, size=rng.integers(1, 40)).tolist()
         max_n, k = int(rng.integers(1, 5)), int(rng.integers(1, 6))
-        props, qs = NgramDrafter(max_n).propose(seq, k, None)
+        props, qs, _ = NgramDrafter(max_n).propose(seq, k)
         assert props == brute(seq, max_n, k), (seq, max_n, k)
         assert qs == [None] * len(props)
         hits += bool(props)

@@ -159,7 +159,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
 
     from ..graphs import config as gconfig
     from ..graphs import llama
-    from ..runtime.backends import OrtBackend
+    from ..backends.ort import OrtBackend
     from . import models, onnx, parity
     from .tokenizer import check_compatible, copy_tokenizer
 
@@ -279,28 +279,3 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
     size = sum((root / f).stat().st_size for f in files)
     log(f"built in {timings['total_s']:.0f} s, {size / 1e6:.0f} MB")
     return m
-
-
-def summary(m: Manifest, root: Path | None = None) -> str:
-    """A person's view of a manifest (`specexport inspect`)."""
-    lines = [f"specexport bundle v{m.format_version} (specexport {m.specexport_version}), "
-             f"capacity {m.capacity} (buckets {m.buckets}), batch {m.batch}, built {m.build.get('created', '?')}"]
-    for role, e in m.models.items():
-        a = e.arch
-        lines.append(f"{role}: {e.kind} {e.source.get('name')} - {a['arch']} L={a['num_layers']} "
-                     f"E={a['hidden_size']} H={a['num_heads']}/{a['num_kv_heads']} D={a['head_dim']} "
-                     f"V={a['vocab_size']} rope={a['rope_type']}")
-        for name, p in e.parity.items():
-            lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
-                         f"top-1 {p['top1']:.2f}")
-        if "verify_drift" in e.notes:
-            plain_only = "" if e.notes.get("speculative", True) else \
-                f" ({e.notes.get('activations')} activations: plain decoding only)"
-            lines.append(f"  verify vs decode max|dlogit| {e.notes['verify_drift']:.2e}{plain_only}")
-    lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
-                 f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
-    if root is not None:
-        size = sum((root / f).stat().st_size for f in m.files)
-        lines.append(f"files: {len(m.files)}, {size / 1e6:.0f} MB")
-    lines.append(f"build: {json.dumps(m.build.get('timings', {}))}")
-    return "\n".join(lines)

@@ -7,8 +7,8 @@ import contextlib
 import numpy as np
 import torch
 
-from ..runtime.backends import OrtBackend
-from ..runtime.drafters import feed
+from ..backends.ort import OrtBackend
+from ..runtime.prefill import feed
 
 
 @contextlib.contextmanager

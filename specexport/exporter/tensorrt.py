@@ -13,37 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..backends.trt import environment, mismatch  # noqa: F401  (the engine record's compatibility check)
 from ..bundle import ModelEntry
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-
-
-def environment() -> dict:
-    """{"tensorrt", "gpu", "compute_capability"} of this machine, or a clear error saying what is missing."""
-    try:
-        import tensorrt as trt
-    except ImportError:
-        raise RuntimeError("--engine tensorrt needs the tensorrt Python package (TensorRT 10) and an NVIDIA GPU: "
-                           "pip install tensorrt on a GPU machine, or build without --engine") from None
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise RuntimeError
-        p = torch.cuda.get_device_properties(0)
-    except Exception:
-        raise RuntimeError("--engine tensorrt needs an NVIDIA GPU and none is visible here (torch.cuda): build "
-                           "engines on the machine that will run them") from None
-    return {"tensorrt": trt.__version__, "gpu": p.name, "compute_capability": f"{p.major}.{p.minor}"}
-
-
-def mismatch(record: dict, env: dict) -> str | None:
-    """Why an engine cannot run here, or None."""
-    for key in ("tensorrt", "gpu", "compute_capability"):
-        if record.get(key) != env.get(key):
-            return (f"the bundle's TensorRT engine {record.get('file')} was built for {key} {record.get(key)!r}, "
-                    f"this machine has {env.get(key)!r}: rebuild the engines here (specexport build --engine "
-                    "tensorrt) or use the onnxruntime backend")
-    return None
 
 
 def build_engine(root: Path, entry: ModelEntry, buckets: list, precision: str = "fp16", log=print) -> dict:

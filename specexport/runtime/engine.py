@@ -20,10 +20,11 @@ import numpy as np
 
 from ..errors import EngineClosed, OptionError, QueueFull
 from .costs import StepCosts
-from .decoder import DecodeConfig, Picker, check_finite
-from .drafters import feed_chunk
+from .accept import Picker, accept_tree, check_finite
+from .decoder import DecodeConfig
+from .drafters import RecycleDrafter, Tree
+from .prefill import feed_chunk
 from .text import TextStream
-from .tree import RecycleDrafter, Tree, accept_tree
 
 _DONE = object()
 
@@ -272,13 +273,10 @@ class Engine:
     def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k
         if d is None or room <= 0:
-            return Tree([s.ids[-1]], [-1], [0], [1.0], [tuple(s.ids[-3:])], [[]])
+            return Tree.root(s.ids)
         if isinstance(d, RecycleDrafter):
             return d.draft(s.ids, k, room)
-        props = d.propose(s.ids, min(k, room), None)[0]  # ngram: a chain, node i scored rate ** i
-        n = len(props)
-        return Tree([s.ids[-1]] + props, list(range(-1, n)), list(range(n + 1)),
-                    [s.chain_rate ** i for i in range(n + 1)], [()] * (n + 1), [[] for _ in range(n + 1)])
+        return Tree.chain(s.ids, d.propose(s.ids, min(k, room)).tokens, s.chain_rate)  # ngram: node i scored rate ** i
 
     def _choose_T(self, B: int, dec: list[Sequence], trees: list[Tree]) -> int:
         ts = self.target.batch_ts(B)

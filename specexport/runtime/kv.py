@@ -33,7 +33,7 @@ class RingKV:
         grown[:, :, :, :, :self.S] = self.data  # positions < old S keep their slots (no wrap yet)
         self.data, self.S, self._slot = grown, S, np.arange(S)
 
-    # array backend: numpy here; a device backend overrides these two (see torch_backend.TorchRingKV)
+    # array backend: numpy here; a device backend overrides these two (see backends/torch_graphs.TorchRingKV)
     @staticmethod
     def _zeros(shape, dtype):
         return np.zeros(shape, dtype=dtype)
@@ -177,3 +177,19 @@ class PoolRow(RingKV):
     def commit(self, new_kv: np.ndarray, rows, count: int | None = None) -> None:
         rows = list(rows)[:count] if count is not None else rows
         self.pool.commit(self.r, new_kv, 0, rows)
+
+
+class SharedKV(RingKV):
+    """A self-draft's view of the target's cache (same layers, heads and buckets): it reads the target's
+    committed slots and writes its own proposals into the free slots after them, which the target's next
+    call overwrites. It never moves the target's committed length; `n` here is the draft's own."""
+
+    def __init__(self, target: RingKV):
+        self.target, self.n, self.scratch, self.buckets = target, target.n, {}, target.buckets
+
+    data = property(lambda self: self.target.data)
+    S = property(lambda self: self.target.S)
+    _slot = property(lambda self: self.target._slot)
+
+    def reserve(self, n: int) -> None:
+        self.target.reserve(n)

@@ -12,13 +12,13 @@ from typing import Iterator
 
 from .. import bundle
 from ..errors import OptionError, PromptTooLong
-from .backends import OrtBackend
-from .decoder import DecodeConfig, Picker, Stats, generate
-from .drafters import ModelDrafter, NgramDrafter, shares_cache
+from ..backends import open_model
+from .accept import Picker
+from .decoder import DecodeConfig, Stats, generate
+from .drafters import ModelDrafter, NgramDrafter, RecycleDrafter, SuccessorTable, shares_cache
 from .engine import Completion, Engine, Sequence
 from .text import TextStream
 from .sampling import SamplingParams
-from .tree import RecycleDrafter, SuccessorTable
 from . import validate
 
 
@@ -38,26 +38,9 @@ class Pipeline:
         self.root = Path(path)
         self.manifest = bundle.read(self.root, verify=verify)
         m = self.manifest
-        if backend == "onnxruntime":
-            def make(e):
-                return OrtBackend(self.root, e, m.buckets, threads, batch_sizes=m.batch_sizes)
-        elif backend == "torch":  # optional reference / GPU path: the only place torch may be imported
-            from ..torch_backend import TorchBackend
+        def make(e):
+            return open_model(backend, self.root, e, m, threads=threads, device=device)
 
-            def make(e):
-                return TorchBackend(self.root, e, m.buckets, device=device)
-        elif backend == "onnxruntime-device":  # IO binding, cache on `device` (torch buffers): the CUDA EP path
-            from ..ort_device import OrtDeviceBackend
-
-            def make(e):
-                return OrtDeviceBackend(self.root, e, m.buckets, device=device, threads=threads)
-        elif backend == "tensorrt":  # the bundle's engines (built with --engine tensorrt on this GPU)
-            from ..trt_backend import TrtBackend
-
-            def make(e):
-                return TrtBackend(self.root, e, m.buckets, device=device if device != "cpu" else "cuda")
-        else:
-            raise ValueError(f"backend must be onnxruntime, onnxruntime-device, tensorrt or torch, got {backend!r}")
         self.target = validate.open_model(make, m.target)
         self.draft = validate.open_model(make, m.draft) if m.draft else None
         tk = m.tokenizer
@@ -179,6 +162,8 @@ class Pipeline:
         .cancel(), .wait()). Options as `generate`, validated here before anything is queued. The engine runs
         the model-free drafts (draft="recycle" by default, "ngram", "none"); with k="auto" (recycle's default)
         it sizes every step's speculation to the batch."""
+        validate.option_names(opts, self.config)
+        stop = validate.stop(stop)
         if opts.get("draft") == "model":
             raise OptionError("the batching engine drafts without a model (recycle, ngram or none); "
                               "draft='model' runs through Pipeline.generate / stream")

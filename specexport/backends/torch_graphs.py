@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .bundle import ModelEntry
-from .graphs.config import GraphConfig
-from .graphs.llama import build
-from .runtime.backends import StepOut, step_inputs
-from .runtime.kv import RingKV
+from ..bundle import ModelEntry
+from ..graphs.config import GraphConfig
+from ..graphs.llama import build
+from ..runtime.kv import RingKV
+from .base import BackendBase, StepOut, step_inputs
 
 
 class TorchRingKV(RingKV):
@@ -35,22 +35,25 @@ class TorchRingKV(RingKV):
         return torch.as_tensor(np.asarray(idx), device=self.device)
 
 
-def static_buffers(shape: tuple, vocab: int, T: int, S: int, device) -> dict:
+def static_buffers(dims: tuple, vocab: int, T: int, S: int, device) -> dict:
     """Fixed-address step inputs and outputs (IO binding, TensorRT tensor addresses, graph capture)."""
-    L, Hkv, _, D = shape
+    L, Hkv, D = dims
     z = lambda *s, dt=torch.bool: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
     return {"input_ids": z(1, T, dt=torch.int64), "position_ids": z(1, T, dt=torch.int64),
             "past_mask": z(1, S), "new_mask": z(1, T, T),
             "logits": z(1, T, vocab, dt=torch.float32), "new_kv": z(L, 2, 1, Hkv, T, D, dt=torch.float32)}
 
 
-class DeviceSteps:
+class DeviceSteps(BackendBase):
+    host_cache = False
+
     """What the device backends (onnxruntime-device, TensorRT) share: a TorchRingKV cache on their device, and
     one set of static step buffers per (backend, T, bucket, cache buffer), kept with the generation's cache.
     Subclasses set shape, vocab and device."""
 
     def new_cache(self) -> TorchRingKV:
-        return TorchRingKV(*self.shape, device=self.device)
+        L, Hkv, D = self.dims
+        return TorchRingKV(L, Hkv, self.buckets, D, device=self.device)
 
     def _static(self, cache, T) -> tuple[dict, bool]:
         """-> (buffers, whether they were just made: bind them then)."""
@@ -58,12 +61,12 @@ class DeviceSteps:
         b = cache.scratch.get(key)
         if b is not None:
             return b, False
-        b = cache.scratch[key] = static_buffers(self.shape, self.vocab, T, cache.S, self.device)
+        b = cache.scratch[key] = static_buffers(self.dims, self.vocab, T, cache.S, self.device)
         return b, True
 
 
 def fill_inputs(b: dict, cache, ids, start: int, new_mask=None, positions=None) -> None:
-    """Copy one step's inputs (runtime.backends.step_inputs) into its static buffers."""
+    """Copy one step's inputs (backends.base.step_inputs) into its static buffers."""
     for name, a in step_inputs(cache, ids, start, new_mask, positions).items():
         b[name].copy_(torch.as_tensor(a), non_blocking=True)
 
@@ -86,7 +89,9 @@ def load_state_dict(path: Path) -> dict:
     return sd
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
+    host_cache = False
+
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cpu",
                  cuda_graphs: bool | None = None, dtype: torch.dtype = torch.float32, state_dict: dict | None = None,
                  graph: torch.nn.Module | None = None):
@@ -97,22 +102,20 @@ class TorchBackend:
         if entry.kind not in ("checkpoint", "early-exit"):
             raise ValueError(f"the torch backend cannot run the {entry.kind} {entry.role} (ONNX-only); use the "
                              "onnxruntime backend, or a bundle whose draft is a checkpoint or self:layers=N")
-        self.entry, self.device = entry, torch.device(device)
-        self.buckets = sorted(buckets)
-        self.capacity = self.buckets[-1]
-        self.profile_ts = set(entry.profiles.values())
+        super().__init__(entry, buckets)
+        self.device = torch.device(device)
         c = GraphConfig.from_summary(entry.arch)
         if graph is None:
             graph = build(c, state_dict if state_dict is not None else load_state_dict(Path(entry.source.get("path"))))
         self.graph = graph.to(self.device, dtype)
         self.graph.inv_freq = torch.tensor(c.inv_freq, dtype=torch.float32, device=self.device)  # angles in fp32
         self.dtype = dtype
-        self.shape = (c.num_layers, c.num_kv_heads, self.buckets, c.head_dim)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._graphs: dict = {}  # (T, S, cache buffer address) -> (graph, static inputs, static outputs)
 
     def new_cache(self) -> TorchRingKV:
-        return TorchRingKV(*self.shape, device=self.device, dtype=self.dtype)
+        L, Hkv, D = self.dims
+        return TorchRingKV(L, Hkv, self.buckets, D, device=self.device, dtype=self.dtype)
 
     def _inputs(self, cache, ids, start, new_mask, positions):
         x = step_inputs(cache, ids, start, new_mask, positions)
@@ -120,8 +123,7 @@ class TorchBackend:
 
     def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None, rows=None) -> StepOut:
         T = len(ids)
-        if T not in self.profile_ts:
-            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        self.check_profile(T)
         cache.reserve(start + T)
         t = time.perf_counter()
         x = self._inputs(cache, ids, start, new_mask, positions)

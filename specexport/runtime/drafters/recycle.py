@@ -23,12 +23,11 @@ try the next; sample the rest). Only the accepted path's K/V rows are committed.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .drafters import NgramDrafter
-from .sampling import probs, sample_from, warp
+from .base import Tree
+from .ngram import NgramDrafter
 
 
 class SuccessorTable:
@@ -77,32 +76,8 @@ class SuccessorTable:
         return out[:limit] if limit else out
 
 
-@dataclass
-class Tree:
-    tokens: list  # node 0 is the root (the last committed token)
-    parent: list
-    depth: list
-    score: list  # product of hit rates on the path: the estimated chance the node is accepted
-    ctx: list  # per node: the last <= 3 tokens of its path (its key in the successor table)
-    cands: list = field(default_factory=list)  # per expanded node: its candidate children [(kind, token)]
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def inputs(self, T: int, N: int):
-        """ids, absolute positions and new_mask [1,T,T] for the first T nodes; a pad row sees itself only."""
-        n = min(T, len(self))
-        ids = self.tokens[:n] + [0] * (T - n)
-        pos = np.array([N - 1 + d for d in self.depth[:n]] + [N - 1] * (T - n), dtype=np.int64)
-        mask = np.eye(T, dtype=bool)
-        for i in range(1, n):
-            mask[i] |= mask[self.parent[i]]
-        return ids, pos, mask[None]
-
-
 class RecycleDrafter:
-    tree = True
-    run_s = 0.0  # drafting runs no model
+    """A TreeDrafter: drafting runs no model."""
 
     def __init__(self, table: SuccessorTable, max_n: int = 3, decay: float = 0.95, limit: int = 8):
         # limit: candidate children per node, longest context first (13 Spec-Bench questions: tau 1.59 with 8
@@ -115,13 +90,10 @@ class RecycleDrafter:
         self.hits = np.array(prior) * 4  # prior rates, weight 4 trials
         self.trials = np.full(len(prior), 4.0)
 
-    def start(self, prompt: list[int], target_cache=None) -> None:
-        pass
-
     def draft(self, tokens: list[int], nodes: int, max_depth: int) -> Tree:
         """The best `nodes` + 1 nodes (root included) at depth <= max_depth."""
         rate = self.hits / self.trials
-        chain = self.lookup.propose(tokens, max_depth, None)[0] if max_depth > 0 else []
+        chain = self.lookup.propose(tokens, max_depth).tokens if max_depth > 0 else []
         n = SuccessorTable.ORDERS
         tree = Tree([tokens[-1]], [-1], [0], [1.0], [tuple(tokens[-n:])])
         on_chain = [0 if chain else None]  # index into chain of the node's lookup child
@@ -170,51 +142,3 @@ class RecycleDrafter:
                 self.trials[kind] += 1
                 self.hits[kind] += t == tok
         self.table.observe(tree.ctx[:len(logits)], logits, top)
-
-
-def accept_tree(logits: np.ndarray, tree: Tree, T: int, N: int, pick) -> tuple[list[int], list[int]]:
-    """Walk the tree from the root -> (emitted tokens, accepted node rows incl. the root)."""
-    kids: list[dict] = [{} for _ in range(min(T, len(tree)))]
-    for i in range(1, len(kids)):
-        kids[tree.parent[i]][tree.tokens[i]] = i  # insertion order = best score first
-    node, path, out = 0, [0], []
-    while True:
-        pos = N + tree.depth[node]
-        if pick.sp.greedy or pick.sp.sampler == "gumbel":
-            t = pick.target(logits[node], pos)
-        else:  # multi-candidate rejection for point-mass drafts: exact
-            p = probs(warp(logits[node], pick.sp))
-            t = None
-            for c in kids[node]:
-                z = p.sum()
-                if z > 0 and pick.rng.random() * z < p[c]:
-                    t = c
-                    break
-                p[c] = 0.0
-            if t is None:
-                t = sample_from(p / p.sum(), pick.rng) if p.sum() > 0 else pick.target(logits[node], pos)
-        out.append(t)
-        nxt = kids[node].get(t)
-        if nxt is None:
-            return out, path
-        node = nxt
-        path.append(node)
-
-
-class TreeSizer:
-    """How many tree nodes to verify: the profile T with the most expected tokens per second of target time,
-    (1 + sum of the first T-1 node scores) / cost(T); costs are running averages of measured calls, a call
-    not yet measured is priced at 5% more per extra token than a plain step (step_times.py: T=9 ~1.4x T=1)."""
-
-    def __init__(self, ts):
-        self.ts = sorted(ts)
-        self.cost: dict = {}
-
-    def choose(self, tree: Tree) -> int:
-        base = self.cost.get(1) or (min(c / (1 + 0.05 * (T - 1)) for T, c in self.cost.items()) if self.cost else 1.0)
-        cum = np.concatenate([[1.0], 1.0 + np.cumsum(tree.score[1:])])
-        return max(self.ts, key=lambda T: cum[min(T, len(tree)) - 1] / self.cost.get(T, base * (1 + 0.05 * (T - 1))))
-
-    def update(self, T: int, seconds: float) -> None:
-        old = self.cost.get(T)
-        self.cost[T] = seconds if old is None else 0.8 * old + 0.2 * seconds

@@ -1,68 +1,29 @@
-"""Backends: run one model's step graph. One small protocol, one ONNX Runtime implementation here.
+"""The ONNX Runtime backend (CPU; the default, torch-free): one model of a bundle on one InferenceSession.
 
-A Backend holds one model of a bundle (its graph loaded once: one copy of the weights in memory serves
-every profile) and runs `step` on exactly the T values the manifest declares. It owns no cache: the caller
-passes a RingKV, so one loaded model serves any number of concurrent generations.
+The graph is loaded once (one copy of the weights in memory serves every profile) and runs `step` on exactly
+the T values the manifest declares, `step_batch` on its batch sizes. It owns no cache: the caller passes a
+RingKV (one sequence) or a KVPool (the engine's rows), so one loaded model serves any number of generations.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 import time
-from typing import NamedTuple, Protocol
-
 import numpy as np
 
 from ..bundle import BundleError, ModelEntry
-from .kv import KVPool, RingKV
+from ..runtime.kv import KVPool, RingKV
+from .base import BackendBase, StepOut, step_inputs
 
 
-class StepOut(NamedTuple):
-    logits: np.ndarray  # [T,V] float32; [len(rows),V] when the step was asked for some rows only
-    new_kv: np.ndarray  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens
-    run_s: float  # seconds inside the backend's run call
-    top: np.ndarray | None = None  # [T,k] int64 each row's largest logits first, when the graph outputs them
-
-    def only(self, rows) -> "StepOut":
-        """These rows of the logits (and top ids): what a backend whose graph computes every row returns."""
-        return self if rows is None else self._replace(
-            logits=self.logits[rows], top=None if self.top is None else self.top[rows])
-
-
-class Backend(Protocol):
-    entry: ModelEntry
-
-    def new_cache(self) -> RingKV: ...
-
-    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
-             positions: np.ndarray | None = None, rows: list | None = None) -> StepOut: ...
-
-
-def step_inputs(cache: RingKV, ids, start: int, new_mask=None, positions=None) -> dict:
-    """A step's token inputs as numpy arrays: positions start.. unless given (a tree's per node), past_mask
-    from the cache, new_mask [1,T,T] causal unless given. Every backend feeds these."""
-    T = len(ids)
-    return {"input_ids": np.asarray(ids, dtype=np.int64)[None],
-            "position_ids": (np.arange(start, start + T) if positions is None else np.asarray(positions))
-            .astype(np.int64)[None],
-            "past_mask": cache.mask(),
-            "new_mask": np.tril(np.ones((T, T), dtype=bool))[None] if new_mask is None else np.asarray(new_mask)}
-
-
-class OrtBackend:
+class OrtBackend(BackendBase):
     """One model on onnxruntime (CPU by default)."""
 
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, threads: int | None = None,
                  providers: list | None = None, batch_sizes: list | None = None):
         import onnxruntime as ort
 
-        self.entry = entry
-        self.buckets = sorted(buckets)
-        self.capacity = self.buckets[-1]
-        a = entry.arch
-        self.shape = (a["num_layers"], a["num_kv_heads"], self.buckets, a["head_dim"])
-        self.vocab = a["vocab_size"]
-        self.profile_ts = set(entry.profiles.values())
+        super().__init__(entry, buckets, batch_sizes)
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1)
         so.inter_op_num_threads = 1
@@ -74,16 +35,11 @@ class OrtBackend:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
-        self.kv_names = entry.kv_inputs()
         self.fused = entry.attention == "fused"
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
-        self.batch_sizes = sorted(batch_sizes or [1])
         if entry.attention not in ("fused", "portable"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
-
-    def new_cache(self) -> RingKV:
-        return RingKV(*self.shape)
 
     def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
              positions: np.ndarray | None = None, rows: list | None = None) -> StepOut:
@@ -94,8 +50,7 @@ class OrtBackend:
         Committed slots are read, never written (a fused graph writes this step's K/V into the free slots
         after them): commit the rows you accept with cache.commit(new_kv, rows)."""
         T = len(ids)
-        if T not in self.profile_ts:
-            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        self.check_profile(T)
         cache.reserve(start + T)
         if self.fused:
             return self._step_fused(cache, ids, start, new_mask, positions, rows)
@@ -124,7 +79,7 @@ class OrtBackend:
             feeds["logit_rows"] = np.arange(T) if rows is None else np.asarray(rows, dtype=np.int64)
             R = len(feeds["logit_rows"])
         logits = np.empty((1, R, self.vocab), dtype=np.float32)
-        L, Hkv, _, D = self.shape
+        L, Hkv, D = self.dims
         new_kv = np.empty((L, 2, 1, Hkv, T, D), dtype=np.float32)
         outs = {"logits": logits, "new_kv": new_kv}
         if self.top_k:
@@ -155,10 +110,6 @@ class OrtBackend:
         return io
 
     # ---- many sequences per call (the engine)
-    def new_pool(self, rows: int) -> KVPool:
-        L, Hkv, _, D = self.shape
-        return KVPool(L, Hkv, self.buckets, D, rows)
-
     def batch_ts(self, B: int) -> list[int]:
         """The T values a call of B rows can run: every profile, but T=1 only for B > 1 with fused attention
         (onnxruntime's GroupQueryAttention refuses several new tokens per row when a batch has a past)."""
@@ -195,7 +146,7 @@ class OrtBackend:
                  "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
         if self.row_input:
             feeds["logit_rows"] = np.arange(T, dtype=np.int64)
-        L, Hkv, _, D = self.shape
+        L, Hkv, D = self.dims
         outs = {"logits": np.empty((B, T, self.vocab), dtype=np.float32),
                 "new_kv": np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)}
         if self.top_k:

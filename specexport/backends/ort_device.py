@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .bundle import BundleError, ModelEntry
-from .runtime.backends import StepOut
-from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs, host_logits
+from ..bundle import BundleError, ModelEntry
+from .base import BackendBase, StepOut
+from .torch_graphs import DeviceSteps, TorchRingKV, fill_inputs, host_logits
 
 
 class OrtDeviceBackend(DeviceSteps):
@@ -39,11 +39,8 @@ class OrtDeviceBackend(DeviceSteps):
         if want not in ort.get_available_providers():
             raise RuntimeError(f"onnxruntime has no {want} here (available: {ort.get_available_providers()}): "
                                "install onnxruntime-gpu for CUDA, or use backend='torch'")
-        self.entry, self.buckets, self.capacity = entry, sorted(buckets), sorted(buckets)[-1]
+        BackendBase.__init__(self, entry, buckets)
         a = entry.arch
-        self.shape = (a["num_layers"], a["num_kv_heads"], self.buckets, a["head_dim"])
-        self.vocab = a["vocab_size"]
-        self.profile_ts = set(entry.profiles.values())
         self.cuda_graphs = cuda_graphs and kind == "cuda"
         so = ort.SessionOptions()
         if threads:
@@ -52,7 +49,6 @@ class OrtDeviceBackend(DeviceSteps):
         if self.cuda_graphs:
             opts["enable_cuda_graph"] = "1"
         self.session = ort.InferenceSession(str(root / entry.graph), so, providers=[(want, opts)])
-        self.kv_names = entry.kv_inputs()
         self._ort = ort
         self._graphs = 0  # CUDA graphs captured so far: each static buffer set gets its own gpu_graph_id
 
@@ -73,8 +69,7 @@ class OrtDeviceBackend(DeviceSteps):
 
     def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None, rows=None) -> StepOut:
         T = len(ids)
-        if T not in self.profile_ts:
-            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        self.check_profile(T)
         cache.reserve(start + T)
         b = self._buffers(cache, T)  # after reserve: a grown cache is a new buffer with new bindings
         fill_inputs(b, cache, ids, start, new_mask, positions)

@@ -13,10 +13,37 @@ from pathlib import Path
 
 import torch
 
-from .bundle import BundleError, ModelEntry
-from .exporter.tensorrt import environment, mismatch
-from .runtime.backends import StepOut
-from .torch_backend import DeviceSteps, TorchRingKV, fill_inputs, host_logits
+from ..bundle import BundleError, ModelEntry
+from .base import BackendBase, StepOut
+from .torch_graphs import DeviceSteps, TorchRingKV, fill_inputs, host_logits
+
+def environment() -> dict:
+    """{"tensorrt", "gpu", "compute_capability"} of this machine, or a clear error saying what is missing."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise RuntimeError("--engine tensorrt needs the tensorrt Python package (TensorRT 10) and an NVIDIA GPU: "
+                           "pip install tensorrt on a GPU machine, or build without --engine") from None
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError
+        p = torch.cuda.get_device_properties(0)
+    except Exception:
+        raise RuntimeError("--engine tensorrt needs an NVIDIA GPU and none is visible here (torch.cuda): build "
+                           "engines on the machine that will run them") from None
+    return {"tensorrt": trt.__version__, "gpu": p.name, "compute_capability": f"{p.major}.{p.minor}"}
+
+
+def mismatch(record: dict, env: dict) -> str | None:
+    """Why an engine cannot run here, or None."""
+    for key in ("tensorrt", "gpu", "compute_capability"):
+        if record.get(key) != env.get(key):
+            return (f"the bundle's TensorRT engine {record.get('file')} was built for {key} {record.get(key)!r}, "
+                    f"this machine has {env.get(key)!r}: rebuild the engines here (specexport build --engine "
+                    "tensorrt) or use the onnxruntime backend")
+    return None
+
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
 
@@ -31,12 +58,9 @@ class TrtBackend(DeviceSteps):
         why = mismatch(rec, environment())
         if why:
             raise BundleError(why)
-        self.entry, self.device = entry, torch.device(device)
-        self.buckets, self.capacity = sorted(buckets), sorted(buckets)[-1]
+        BackendBase.__init__(self, entry, buckets)
+        self.device = torch.device(device)
         a = entry.arch
-        self.shape = (a["num_layers"], a["num_kv_heads"], self.buckets, a["head_dim"])
-        self.vocab = a["vocab_size"]
-        self.profile_ts = set(entry.profiles.values())
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
             (Path(root) / rec["file"]).read_bytes())
         self.stream = torch.cuda.Stream(self.device)
@@ -46,7 +70,6 @@ class TrtBackend(DeviceSteps):
             ctx.set_optimization_profile_async(idx, self.stream.cuda_stream)
             self.contexts[int(T)] = ctx
         self.cuda_graphs = cuda_graphs
-        self.kv_names = entry.kv_inputs()
 
     def _buffers(self, cache, T):
         b, new = self._static(cache, T)
@@ -78,8 +101,7 @@ class TrtBackend(DeviceSteps):
 
     def step(self, cache: TorchRingKV, ids, start: int, new_mask=None, positions=None, rows=None) -> StepOut:
         T = len(ids)
-        if T not in self.profile_ts:
-            raise ValueError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
+        self.check_profile(T)
         cache.reserve(start + T)
         b = self._buffers(cache, T)
         t = time.perf_counter()

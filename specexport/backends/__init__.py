@@ -1,0 +1,32 @@
+"""Backends: what runs one model's step graph. `open_model` is the one place that names them all.
+
+- ort (onnxruntime, CPU): the default; torch-free, like the runtime.
+- ort_device (onnxruntime with IO binding into a device-resident cache: the CUDA EP path; needs torch),
+  torch_graphs (graphs/ modules in torch, CUDA graphs on CUDA; needs torch and the float32 checkpoint),
+  trt (the bundle's TensorRT engines; needs torch and TensorRT): optional, imported only when asked for.
+base.py holds what they share. Nothing here imports the exporter.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import OptionError
+
+KINDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch")
+
+
+def open_model(kind: str, root: Path, entry, manifest, threads: int | None = None, device: str = "cpu"):
+    """One model of a bundle on backend `kind`."""
+    if kind == "onnxruntime":
+        from .ort import OrtBackend
+        return OrtBackend(root, entry, manifest.buckets, threads, batch_sizes=manifest.batch_sizes)
+    if kind == "torch":
+        from .torch_graphs import TorchBackend
+        return TorchBackend(root, entry, manifest.buckets, device=device)
+    if kind == "onnxruntime-device":
+        from .ort_device import OrtDeviceBackend
+        return OrtDeviceBackend(root, entry, manifest.buckets, device=device, threads=threads)
+    if kind == "tensorrt":
+        from .trt import TrtBackend
+        return TrtBackend(root, entry, manifest.buckets, device=device if device != "cpu" else "cuda")
+    raise OptionError(f"backend must be one of {', '.join(KINDS)}, got {kind!r}")

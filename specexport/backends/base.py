@@ -1,0 +1,79 @@
+"""What every backend shares: the step's result (StepOut), the Backend protocol, the step's token inputs,
+and BackendBase, the preamble (which model, its cache dimensions, the T and B values it may run).
+
+Pure numpy: the torch-free runtime imports this module and nothing else of the backends package except
+through `specexport.backends.open_model`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..bundle import ModelEntry
+from ..errors import OptionError
+from ..runtime.kv import KVPool, RingKV
+
+
+class StepOut(NamedTuple):
+    logits: np.ndarray  # [T,V] float32; [len(rows),V] when the step was asked for some rows only
+    new_kv: np.ndarray  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens
+    run_s: float  # seconds inside the backend's run call
+    top: np.ndarray | None = None  # [T,k] int64 each row's largest logits first, when the graph outputs them
+
+    def only(self, rows) -> "StepOut":
+        """These rows of the logits (and top ids): what a backend whose graph computes every row returns."""
+        return self if rows is None else self._replace(
+            logits=self.logits[rows], top=None if self.top is None else self.top[rows])
+
+
+class Backend(Protocol):
+    entry: ModelEntry
+    batch_sizes: list
+
+    def new_cache(self) -> RingKV: ...
+
+    def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
+             positions: np.ndarray | None = None, rows: list | None = None) -> StepOut: ...
+
+
+def step_inputs(cache: RingKV, ids, start: int, new_mask=None, positions=None) -> dict:
+    """A step's token inputs as numpy arrays: positions start.. unless given (a tree's per node), past_mask
+    from the cache, new_mask [1,T,T] causal unless given. Every backend feeds these."""
+    T = len(ids)
+    return {"input_ids": np.asarray(ids, dtype=np.int64)[None],
+            "position_ids": (np.arange(start, start + T) if positions is None else np.asarray(positions))
+            .astype(np.int64)[None],
+            "past_mask": cache.mask(),
+            "new_mask": np.tril(np.ones((T, T), dtype=bool))[None] if new_mask is None else np.asarray(new_mask)}
+
+
+
+class BackendBase:
+    """entry, buckets (S values, the last = capacity), dims = (L, Hkv, D), vocab, the profile T values and
+    the batch sizes; new_cache / new_pool / check_profile on them."""
+
+    host_cache = True  # the cache is a numpy array in host memory (device backends: False)
+
+    def __init__(self, entry: ModelEntry, buckets: list, batch_sizes: list | None = None):
+        a = entry.arch
+        self.entry = entry
+        self.buckets = sorted(buckets)
+        self.capacity = self.buckets[-1]
+        self.dims = (a["num_layers"], a["num_kv_heads"], a["head_dim"])  # L, Hkv, D
+        self.vocab = a["vocab_size"]
+        self.profile_ts = set(entry.profiles.values())
+        self.batch_sizes = sorted(batch_sizes or [1])
+        self.kv_names = entry.kv_inputs()
+
+    def new_cache(self) -> RingKV:
+        L, Hkv, D = self.dims
+        return RingKV(L, Hkv, self.buckets, D)
+
+    def new_pool(self, rows: int) -> KVPool:
+        L, Hkv, D = self.dims
+        return KVPool(L, Hkv, self.buckets, D, rows)
+
+    def check_profile(self, T: int) -> None:
+        if T not in self.profile_ts:
+            raise OptionError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")
