@@ -1,6 +1,6 @@
 """`specexport serve`: a real server on a free loopback port, driven by the official openai client.
 
-One tiny bundle (the conftest target + its noisy draft, capacity 1024 so that a plain-decoded request runs
+One tiny bundle (the conftest target, no draft model, capacity 1024 so that a plain-decoded request runs
 ~1 s: long enough to disconnect from or to SIGTERM mid-way). In-process servers run uvicorn in a thread;
 the shutdown test runs `specexport serve` as a subprocess.
 """
@@ -38,7 +38,7 @@ HI = [{"role": "user", "content": "Hi there, how are you?"}]
 def bundle(ckpts, tmp_path_factory):
     out = tmp_path_factory.getbasetemp() / "serve" / "tiny"  # built once a run: test_serve_ray.py takes it too
     if not (out / "manifest.json").is_file():
-        build_bundle(out, ckpts["target"], ckpts["noisy"], capacity=1024, batch_sizes=(1, 4))
+        build_bundle(out, ckpts["target"], capacity=1024, batch_sizes=(1, 4))  # no draft model: the engine drafts without one
     return out
 
 
@@ -187,7 +187,7 @@ BAD_CHAT = [  # (create() keyword arguments, the parameter the 400 must name)
     (dict(logit_bias={"5": 3}), "logit_bias"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
     (dict(temperature=3), "temperature"), (dict(top_p=0), "top_p"), (dict(max_tokens=0), "max_tokens"),
     (dict(seed=-1), "seed"), (dict(extra_body={"top_k": -5}), "top_k"), (dict(extra_body={"draft": "magic"}), "draft"),
-    (dict(extra_body={"k": 3, "draft": "ngram"}), "k"), (dict(stream_options={"include_usage": True}), "stream_options"),
+    (dict(extra_body={"k": 3, "draft": "ngram"}), "k"), (dict(extra_body={"draft": "model"}), "draft"), (dict(stream_options={"include_usage": True}), "stream_options"),
     (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      "messages[0].content[0]"),
@@ -206,7 +206,8 @@ def test_unsupported_or_bad_parameters_are_a_400_naming_them(url, kwargs, param)
 
 @pytest.mark.parametrize("kwargs,param", [(dict(prompt=["a", "b"]), "prompt"), (dict(echo=True), "echo"),
                                           (dict(best_of=2), "best_of"), (dict(suffix="x"), "suffix"),
-                                          (dict(prompt=[[1, 2], [3]]), "prompt"), (dict(max_tokens=2000), "prompt")])
+                                          (dict(prompt=[[1, 2], [3]]), "prompt"), (dict(max_tokens=2000), "prompt"),
+                                          (dict(prompt=[5, 99999]), "prompt")])
 def test_completions_refusals(url, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
         client(url).completions.create(**({"model": "tiny", "prompt": "Hi"} | kwargs))

@@ -137,9 +137,10 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+# the runtime's OptionError names the argument in its message: its word -> the API's parameter, first match
 _OPTION_PARAMS = (("max_new_tokens", "max_tokens"), ("verify profiles", "k"), ("k=", "k"), ("draft", "draft"),
                   ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed"),
-                  ("sampler", "sampler"))
+                  ("sampler", "sampler"), ("stop", "stop"), ("prompt", "{prompt}"))
 
 
 def submit(svc: Service, pipe, req, chat: bool):
@@ -152,6 +153,9 @@ def submit(svc: Service, pipe, req, chat: bool):
         raise
     except ValueError as e:  # the chat template refused the conversation, or the bundle has none
         raise bad_request(str(e), param=prompt_param) from None
+    vocab = pipe.manifest.target.arch["vocab_size"]
+    if not chat and isinstance(prompt, list) and max(prompt, default=0) >= vocab:
+        raise bad_request(f"prompt token ids must be below the vocabulary size {vocab}", param="prompt")
     capacity = pipe.manifest.capacity
     room = capacity - len(ids)
     limit = req.limit() if req.limit() is not None else room  # chat without a limit: up to the capacity
@@ -172,7 +176,8 @@ def submit(svc: Service, pipe, req, chat: bool):
         raise bad_request(str(e), param=prompt_param, code="context_length_exceeded") from None
     except ValueError as e:  # an option this bundle cannot honour (a k it has no profile for, no draft model)
         msg = str(e)
-        raise bad_request(msg, param=next((p for needle, p in _OPTION_PARAMS if needle in msg), None)) from None
+        param = next((p for needle, p in _OPTION_PARAMS if needle in msg), None)
+        raise bad_request(msg, param=param and param.format(prompt=prompt_param)) from None
 
 
 def completion_tokens(pipe, g, stops: tuple) -> int:
