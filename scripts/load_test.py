@@ -22,7 +22,6 @@ import json
 import os
 import queue
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -218,7 +217,8 @@ def main(argv=None) -> int:
         with open(cfg.out, "a") as f:
             f.write(json.dumps(rec) + "\n")
     solo_tps = f"{rec['solo']['tokens_per_s']:.1f}" if rec["solo"] else "-"
-    print("| requests | concurrency | completed | = solo | tok/s | solo tok/s | req/s | p50 s | p99 s | TTFT p50 s | TTFT p99 s |")
+    print("| requests | concurrency | completed | = solo | tok/s | solo tok/s | req/s | p50 s | p99 s | "
+          "TTFT p50 s | TTFT p99 s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     same = "-" if not cfg.check else f"{rec['completed'] - len(rec['mismatched'])}/{rec['completed']}"
     print(f"| {rec['requests']} | {cfg.concurrency} | {rec['completed']} | {same} | {rec['tokens_per_s']:.1f} | "

@@ -17,7 +17,6 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
@@ -38,7 +37,8 @@ HI = [{"role": "user", "content": "Hi there, how are you?"}]
 def bundle(ckpts, tmp_path_factory):
     out = tmp_path_factory.getbasetemp() / "serve" / "tiny"  # built once a run: test_serve_ray.py takes it too
     if not (out / "manifest.json").is_file():
-        build_bundle(out, ckpts["target"], capacity=1024, batch_sizes=(1, 4))  # no draft model: the engine drafts without one
+        # no draft model: the batching engine drafts without one
+        build_bundle(out, ckpts["target"], capacity=1024, batch_sizes=(1, 4))
     return out
 
 
@@ -53,6 +53,7 @@ def running(app):
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     while not server.started:
+        assert t.is_alive(), "uvicorn did not start"
         time.sleep(0.01)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -183,11 +184,13 @@ def test_completion_tokens_leave_out_the_eos_and_whatever_followed_a_stop(pipe):
 BAD_CHAT = [  # (create() keyword arguments, the parameter the 400 must name)
     (dict(n=2), "n"), (dict(logprobs=True), "logprobs"), (dict(top_logprobs=3), "top_logprobs"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
-    (dict(response_format={"type": "json_object"}), "response_format"), (dict(presence_penalty=0.5), "presence_penalty"),
+    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(logit_bias={"5": 3}), "logit_bias"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
     (dict(temperature=3), "temperature"), (dict(top_p=0), "top_p"), (dict(max_tokens=0), "max_tokens"),
     (dict(seed=-1), "seed"), (dict(extra_body={"top_k": -5}), "top_k"), (dict(extra_body={"draft": "magic"}), "draft"),
-    (dict(extra_body={"k": 3, "draft": "ngram"}), "k"), (dict(extra_body={"draft": "model"}), "draft"), (dict(stream_options={"include_usage": True}), "stream_options"),
+    (dict(extra_body={"k": 3, "draft": "ngram"}), "k"), (dict(extra_body={"draft": "model"}), "draft"),
+    (dict(stream_options={"include_usage": True}), "stream_options"),
     (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      "messages[0].content[0]"),
@@ -225,7 +228,8 @@ def test_error_statuses_raise_the_clients_exception_classes(url):
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a" * (2 << 20)}], max_tokens=4)
     assert e.value.status_code == 413
     for body in (b"{not json", b"[1, 2]", b'{"model": "tiny", "messages": "hi"}', b'{"model": "tiny"}'):
-        req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         err = json.loads(e.value.read())["error"]

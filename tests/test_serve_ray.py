@@ -17,7 +17,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install
 openai = pytest.importorskip("openai", reason="needs the openai client: pip install '.[test]'")
 
 import specexport  # noqa: E402
-from test_serve import HI, bundle, client, free_port, get  # noqa: E402,F401 -- bundle: the module's fixture
+from test_serve import HI, bundle, client, free_port, get  # noqa: E402,F401 -- bundle: test_serve's fixture
 
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,8 @@ class _EngineGauges:
             if isinstance(s.get(key), (int, float)):
                 yield CounterMetricFamily(f"specexport_{name}", doc, value=float(s[key]))
         if isinstance(s.get("batch"), dict):  # {B: engine steps that ran B rows}: the batch-size distribution
-            c = CounterMetricFamily("specexport_engine_steps_by_batch", "engine steps by batch rows B", labels=["batch"])
+            c = CounterMetricFamily("specexport_engine_steps_by_batch", "engine steps by batch rows B",
+                                    labels=["batch"])
             for b, n in sorted(s["batch"].items()):
                 c.add_metric([str(b)], float(n))
             yield c
