@@ -189,25 +189,26 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs pip install '.[serve]')",
                        description="Serve a bundle over the OpenAI API: POST /v1/chat/completions and /v1/completions "
-                       "(streamed or not), GET /v1/models, /health, /metrics (Prometheus). docs/serving.md",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("bundle")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
-    s.add_argument("--port", type=int, default=8000)
+                       "(streamed or not), GET /v1/models, /health, /metrics (Prometheus). docs/serving.md")
+    s.add_argument("bundle", help="a bundle directory written by specexport build")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
+                   "0.0.0.0 exposes the server to the network)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument("--max-batch", type=int, default=None, help="requests decoded together in one target call "
                    "(default: the largest batch size the bundle was built for)")
     s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a row; past that the "
-                   "server answers 429 with Retry-After")
+                   "server answers 429 with Retry-After (default 64)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (default: the "
                    "SPECEXPORT_API_KEY environment variable, else no key); /health and /metrics stay open")
     s.add_argument("--model-name", default="", help="the model id clients send (default: the bundle directory's name)")
     s.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads per engine "
-                   "(default: all cores; with --ray: 1 per replica unless set)")
+                   "(default: all cores; with --ray: 1 per replica)")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may "
-                   "take to finish before they are cancelled; then the server exits 0")
-    s.add_argument("--ray", action="store_true", help="run --replicas copies on Ray Serve (pip install '.[ray]'; "
-                   "joins the cluster in RAY_ADDRESS, else starts a local one)")
-    s.add_argument("--replicas", type=int, default=1, help="with --ray: replicas, each loading the bundle once")
+                   "take to finish before they are cancelled; then the server exits 0 (default 30)")
+    s.add_argument("--ray", action="store_true", help="run --replicas copies on Ray Serve behind one port (pip "
+                   "install '.[ray]'; joins the cluster in RAY_ADDRESS, else starts a local one)")
+    s.add_argument("--replicas", type=int, default=1, help="with --ray: replicas, each loading the bundle once "
+                   "(default 1)")
     s.set_defaults(fn=cmd_serve)
     return p
 
