@@ -7,7 +7,7 @@ first text piece) and time per output token after it; per run: aggregate tokens/
 time from the first submit to the last finish), the engine's batch sizes and pool bytes, the process RSS.
 Every output is checked against the same request run alone (`Pipeline.generate`, plain decoding), which is
 also the one-request baseline. OpenVINO GenAI's ContinuousBatchingPipeline (`ov-cb[-int4][-default][-pld]`)
-runs the same requests at the same concurrency (its scheduler's max_num_seqs = level) as the peer.
+runs the same requests at the same concurrency (at most `level` added to it at a time) as the peer.
 """
 from __future__ import annotations
 
@@ -137,14 +137,20 @@ class Load:
         while p.has_non_finished_requests():
             p.step()
         h.read_all()
+        # its scheduler runs every added request at once (max_num_seqs does not cap that under dynamic
+        # split-fuse), so the level is kept here: a request that has arrived waits until fewer than `level` run,
+        # as one that our engine queues does; its time to first token counts the wait
         handles, sub, first, end = {}, {}, {}, {}
-        i, n = 0, len(prompts)
+        i, n, waiting = 0, len(prompts), []
         t0 = time.perf_counter()
-        while i < n or len(end) < len(handles):
+        while i < n or waiting or len(end) < len(handles):
             now = time.perf_counter()
             while i < n and t0 + at[i] <= now:
-                handles[i] = p.add_request(i, tensor(prompts[i]), gc(self.cfg.max_new_tokens))
+                waiting.append(i)
                 sub[i], i = now, i + 1
+            while waiting and len(handles) - len(end) < level:
+                j = waiting.pop(0)
+                handles[j] = p.add_request(j, tensor(prompts[j]), gc(self.cfg.max_new_tokens))
             if p.has_non_finished_requests():
                 p.step()
             elif i < n:

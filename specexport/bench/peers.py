@@ -46,8 +46,9 @@ def ov_device_defaults() -> dict:
     import openvino as ov
 
     core = ov.Core()
-    return {p: str(core.get_property("CPU", p)) for p in
+    vals = {p: core.get_property("CPU", p) for p in
             ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")}
+    return {p: v.get_type_name() if hasattr(v, "get_type_name") else str(v) for p, v in vals.items()}  # 'f32'...
 
 
 def missing(method: str, cfg: BenchConfig) -> str | None:
