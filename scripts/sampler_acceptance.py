@@ -1,19 +1,19 @@
 """Acceptance of the two exact samplers on the same prompts, draft and k: gumbel (shared noise,
 reproducible across drafts) vs rejection (min(1, p/q), the classic rate).
 
-  python scripts/sampler_acceptance.py bundles/smollm2 --questions ../shared/specbench/question.jsonl
+  python scripts/sampler_acceptance.py bundles/smollm2 [--questions PATH]   # default: as specexport bench
 """
 import argparse
 import json
 import statistics
 
 import specexport
-from specexport.bench import questions
+from specexport.bench import find_questions, questions
 from specexport.runtime.drafters import SuccessorTable
 
 p = argparse.ArgumentParser()
 p.add_argument("bundle")
-p.add_argument("--questions", default="../shared/specbench/question.jsonl")
+p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: found as specexport bench does)")
 p.add_argument("--per-category", type=int, default=1)
 p.add_argument("--max-new-tokens", type=int, default=64)
 p.add_argument("--k", type=int, default=4)
@@ -21,7 +21,7 @@ p.add_argument("--drafts", default="model,ngram,recycle", help="comma-separated 
                "with an empty successor table, so repeated prompts teach it nothing)")
 a = p.parse_args()
 pipe = specexport.load(a.bundle)
-qs = questions(a.questions, a.per_category)
+qs = questions(find_questions(a.questions), a.per_category)
 print(f"{len(qs)} questions, {a.max_new_tokens} new tokens, k={a.k}, top-p 0.9, 3 seeds each")
 print("| draft | temperature | sampler | acceptance | tau (tokens per target step) |")
 print("|---|---|---|---|---|")
