@@ -539,8 +539,9 @@ def read(path: str | Path, verify: bool = True) -> Manifest:
             raise BundleError(f"bundle file {name} is missing from {root}: rebuild the bundle")
         size = m.sizes.get(name, on_disk[name])
         if verify and on_disk[name] != size:
-            raise BundleError(f"bundle file {name} has {on_disk[name]} bytes, the manifest records {size} (changed "
-                              "or truncated since the build): rebuild the bundle with `specexport build`")
+            raise BundleError(f"bundle file {name} has {on_disk[name]} bytes but the manifest records {size} bytes "
+                              "(and its sha256): changed or truncated since the build; rebuild the bundle with "
+                              "`specexport build`")
         if verify and sha256(root / name, limit=size) != digest:
             raise BundleError(f"bundle file {name} does not match its sha256 in the manifest (changed or "
                               f"truncated since the build): rebuild the bundle with `specexport build`")

@@ -6,8 +6,8 @@ build's whole life). At the end the bundle is moved to --out in one step:
 - a new --out: one rename;
 - --force over an existing bundle: renameat2(RENAME_EXCHANGE) swaps the two directories atomically (the old
   bundle lands in the work directory and is removed with it), so --out holds the old or the new bundle at
-  every instant. A filesystem without it gets two renames with SIGINT/SIGTERM blocked between them; a SIGKILL
-  there leaves the old bundle in the work directory, and the next build puts it back.
+  every instant. A filesystem without it gets two renames with SIGINT/SIGTERM held until both are done; a
+  SIGKILL there leaves the old bundle in the work directory, and the next build puts it back.
 A later build removes the work directories of builds that are provably dead (their lock is free, or their
 pid is gone) and says which it cannot prove. SIGTERM and SIGHUP interrupt a build like Ctrl-C does.
 Disk full, read-only and permission failures become one-line BuildErrors.
@@ -64,13 +64,26 @@ def interrupts_as_keyboard_interrupt():
 
 
 @contextlib.contextmanager
-def _signals_blocked():
-    """Hold SIGINT/SIGTERM/SIGHUP pending (delivered when the block ends) so two steps cannot be split."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+def _signals_deferred():
+    """Hold SIGINT/SIGTERM/SIGHUP until the block ends, so that two steps cannot be split by them. Python runs
+    signal handlers in the main thread between bytecodes: a handler that only records the signal defers it,
+    and it is raised again once the old handlers are back. (A pthread signal mask would not do: the kernel
+    hands a process-directed signal to another thread, e.g. onnxruntime's, and the handler still runs.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # no Python signal handler runs in this thread, so none can split the block
+        return
+    pending = []
+    previous = {}
+    for s in INTERRUPTS:
+        if signal.getsignal(s) not in (signal.SIG_IGN, None):
+            previous[s] = signal.signal(s, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for s in pending:
+            signal.raise_signal(s)  # handled now as it would have been during the block
 
 
 # ---- the work directory and its lock
@@ -176,7 +189,7 @@ def move_into_place(new: Path, out: Path, work: Path) -> None:
         except OSError as e:
             if not _unsupported(e):
                 raise
-            with _signals_blocked():
+            with _signals_deferred():
                 os.rename(out, work / "old")
                 os.rename(new, out)
     _fsync_dir(out.parent)

@@ -1,0 +1,148 @@
+"""Memory over many generations with varied prompt lengths: does RSS stay flat after warm-up? (issue 16)
+
+  python scripts/soak.py bundles/smollm2 --n 1000 --lengths 8-512 --max-new-tokens 16
+  python scripts/soak.py BUNDLE --n 300 --ort default,no_mem_pattern,no_arena,shape_free   # which cache grows
+
+One fresh process per (drafter, onnxruntime variant), so that each RSS curve starts from its own baseline.
+Each generation: a prompt of random token ids (never an EOS) whose length is drawn from --lengths, greedy,
+--max-new-tokens new tokens. VmRSS is sampled every --every generations. Per run it prints one JSON record
+(rss_mb series, RSS after warm-up and at the end, growth per 100 generations after warm-up, distinct prompt
+lengths) and a table at the end.
+
+--ort rebuilds the pipeline's onnxruntime sessions with SessionOptions changed (the rest copied from the
+runtime's own backend: threads, no spinning for a draft, ORT_ENABLE_ALL):
+  default          the runtime's sessions as they are
+  no_mem_pattern   enable_mem_pattern = False (no memory plan cached per input shape)
+  no_arena         enable_cpu_mem_arena = False (every tensor from malloc)
+  shape_free       both of the above
+--trim calls malloc_trim(0) before each sample, to separate memory held by malloc from memory in use.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+VARIANTS = {"default": {}, "no_mem_pattern": {"enable_mem_pattern": False},
+            "no_arena": {"enable_cpu_mem_arena": False},
+            "shape_free": {"enable_mem_pattern": False, "enable_cpu_mem_arena": False}}
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def lengths(spec: str) -> tuple[int, int]:
+    a, _, b = spec.partition("-")
+    return int(a), int(b or a)
+
+
+def rebuild_sessions(pipe, variant: dict) -> None:
+    """Replace each model's onnxruntime session by one with `variant`'s SessionOptions changed."""
+    import onnxruntime as ort
+
+    for be in (pipe.target, pipe.draft):
+        if be is None or not hasattr(be, "session"):
+            continue
+        old = be.session
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = old.get_session_options().intra_op_num_threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if be.entry.role != "target":
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for k, v in variant.items():
+            setattr(so, k, v)
+        be.session = ort.InferenceSession(str(pipe.root / be.entry.graph), so, providers=["CPUExecutionProvider"])
+
+
+def child(a) -> dict:
+    import specexport
+
+    pipe = specexport.load(a.bundle)
+    rebuild_sessions(pipe, VARIANTS[a.ort])
+    draft = None if a.draft == "default" else a.draft
+    V = pipe.manifest.target.arch["vocab_size"]
+    eos = set(pipe.manifest.tokenizer["eos_token_ids"])
+    lo, hi = lengths(a.lengths)
+    hi = min(hi, pipe.manifest.capacity - a.max_new_tokens - 1)
+    rng = random.Random(a.seed)
+    trim = ctypes.CDLL("libc.so.6").malloc_trim if a.trim else None
+    series, seen, t0 = [], set(), time.perf_counter()
+    for i in range(a.n):
+        L = rng.randint(lo, hi)
+        seen.add(L)
+        ids = [t for t in (rng.randrange(3, V) for _ in range(L + 8)) if t not in eos][:L]
+        pipe.generate(ids, max_new_tokens=a.max_new_tokens, draft=draft, k=a.k)
+        if (i + 1) % a.every == 0:
+            if trim is not None:
+                trim(0)
+            series.append(round(rss_mb(), 1))
+    warm = max(1, len(series) * a.warmup // a.n)  # samples inside the warm-up
+    after = series[warm:]
+    per100 = (after[-1] - after[0]) / ((len(after) - 1) * a.every) * 100 if len(after) > 1 else float("nan")
+    return {"bundle": a.bundle, "draft": a.draft, "ort": a.ort, "n": a.n, "lengths": a.lengths,
+            "distinct_lengths": len(seen), "max_new_tokens": a.max_new_tokens, "trim": a.trim,
+            "rss_warm_mb": after[0] if after else None, "rss_end_mb": series[-1] if series else None,
+            "growth_mb_per_100": round(per100, 2), "seconds": round(time.perf_counter() - t0, 1),
+            "every": a.every, "rss_mb": series}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("bundle")
+    p.add_argument("--n", type=int, default=1000, help="generations per run")
+    p.add_argument("--drafts", default="model,ngram,recycle,none", help="comma-separated; 'default' = the bundle's")
+    p.add_argument("--ort", default="default", help="comma-separated: " + ", ".join(VARIANTS))
+    p.add_argument("--lengths", default="8-512", help="prompt lengths in tokens, LO-HI (capped by the capacity)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--k", default=None, help="draft length (default: the pipeline's)")
+    p.add_argument("--every", type=int, default=25, help="sample RSS every this many generations")
+    p.add_argument("--warmup", type=int, default=200, help="generations before the flat-after-warm-up window")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trim", action="store_true", help="malloc_trim(0) before each sample")
+    p.add_argument("--out", default=None, help="also append the JSON records to this file")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--draft", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.k is not None and a.k != "auto":
+        a.k = int(a.k)
+    if a.child:
+        print(json.dumps(child(a)), flush=True)
+        return 0
+    records = []
+    for ort_variant in a.ort.split(","):
+        for draft in a.drafts.split(","):
+            cmd = [sys.executable, __file__, a.bundle, "--child", "--draft", draft, "--ort", ort_variant,
+                   "--n", str(a.n), "--lengths", a.lengths, "--max-new-tokens", str(a.max_new_tokens),
+                   "--every", str(a.every), "--warmup", str(a.warmup), "--seed", str(a.seed)]
+            cmd += ["--k", str(a.k)] if a.k is not None else []
+            cmd += ["--trim"] if a.trim else []
+            r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ORT_DISABLE_TELEMETRY": "1"})
+            if r.returncode != 0:
+                print(f"{draft}/{ort_variant} failed: {r.stderr[-2000:]}", file=sys.stderr)
+                continue
+            rec = json.loads(r.stdout.strip().splitlines()[-1])
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+    print(f"\n| draft | onnxruntime | RSS after {a.warmup} (MB) | RSS at {a.n} (MB) | MB per 100 generations |")
+    print("|---|---|---|---|---|")
+    for r in records:
+        print(f"| {r['draft']} | {r['ort']} | {r['rss_warm_mb']} | {r['rss_end_mb']} | {r['growth_mb_per_100']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
