@@ -57,7 +57,7 @@ def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path)
     m = bundle.read(out)
     names = [i["name"] for i in m.target.inputs]
     assert m.target.attention == "portable" and names[:4] == ["input_ids", "position_ids", "past_mask", "new_mask"]
-    assert m.target.inputs[3]["shape"] == [1, "T", "T"]  # the tree-mask input, causal by default
+    assert m.target.inputs[3]["shape"] == ["B", "T", "T"]  # the tree-mask input, causal by default
     fused, portable = specexport.load(bundle_noisy), specexport.load(out)
     for draft, k in [("none", 1), ("model", 4), ("ngram", 2), ("recycle", 4)]:
         want = fused.generate("hello world hello", max_new_tokens=24, draft=draft, k=k)

@@ -107,3 +107,21 @@ def test_refusals(bundles):
             pipe.submit("hello", max_new_tokens=60)
     assert a.wait(60).finish_reason == "length" and b.wait(60).finish_reason == "length"
     assert pipe.close(10)
+
+
+def test_stop_strings_cut_tokens_the_same_for_every_draft(bundles):
+    """A stop string ends a request at the token that completes it, whichever draft ran (a verify step may
+    accept tokens past it; they are not delivered), solo and batched alike."""
+    pipe = specexport.load(bundles["portable"])
+    prompt, full = max(((p, pipe.generate(p, max_new_tokens=30, draft="none").text) for p in PROMPTS),
+                       key=lambda x: len(x[1]))
+    assert len(full) >= 6, full
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    want = pipe.generate(prompt, max_new_tokens=30, draft="none", stop=(stop,))
+    assert want.finish_reason == "stop" and want.text == full[:full.find(stop)]
+    assert stop in pipe.tokenizer.decode(want.token_ids) and stop not in pipe.tokenizer.decode(want.token_ids[:-1])
+    solo_runs = [pipe.generate(prompt, max_new_tokens=30, draft=d, k=4, stop=(stop,)) for d in ("ngram", "recycle")]
+    cs = [pipe.submit(prompt, max_new_tokens=30, draft=d, stop=(stop,)) for d in ("none", "ngram", "recycle")]
+    for g in solo_runs + [c.wait(60) for c in cs]:
+        assert (g.text, g.token_ids, g.finish_reason) == (want.text, want.token_ids, "stop")
+        assert g.stats.new_tokens == len(want.token_ids)

@@ -27,10 +27,17 @@ class TextStream:
             if t in self.eos:
                 g.finish_reason = "eos"
                 break
-        text = self.tokenizer.decode([t for t in g.token_ids if t not in self.eos])
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        text = self._decode(g.token_ids)
+        hits = [(i, len(s)) for i, s in ((text.find(s), s) for s in self.stops) if i >= 0]
+        if hits:
+            cut, n = min(hits)
             text, g.finish_reason = text[:cut], "stop"
+            # keep the tokens up to the one that completed the stop string (a step may accept more, and how
+            # many more depends on the draft): the shortest prefix whose text reaches past it
+            first = max(len(g.token_ids) - len(new), 0) + 1
+            j = next((j for j in range(first, len(g.token_ids) + 1)
+                      if len(self._decode(g.token_ids[:j])) >= cut + n), len(g.token_ids))
+            del g.token_ids[j:]
         g.text = text
         done = g.finish_reason != "length" or len(g.token_ids) >= self.max_new
         end = len(text) if done else len(text) - self.hold
@@ -42,3 +49,6 @@ class TextStream:
         if done:
             g.stats.new_tokens = len(g.token_ids)  # delivered: a step may accept tokens past the EOS or stop
         return piece, done
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode([t for t in ids if t not in self.eos])
