@@ -30,7 +30,7 @@ class OrtBackend(BackendBase):
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if entry.role != "target":
             # draft and target alternate many times a second and idle threads spinning for work steal the
-            # cores the other session needs; measured on SmolLM2 (docs/benchmarks.md): target spinning and
+            # cores the other InferenceSession needs; measured on SmolLM2 (docs/benchmarks.md): target spinning and
             # draft not is fastest both for plain decoding and with the draft model
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(root / entry.graph), so,
@@ -84,15 +84,20 @@ class OrtBackend(BackendBase):
         outs = {"logits": logits, "new_kv": new_kv}
         if self.top_k:
             outs["top_ids"] = np.empty((1, R, self.top_k), dtype=np.int64)
-        io = self._binding(cache)
+        run_s = self._run_bound(self._binding(cache), feeds, outs)
+        out = StepOut(logits[0], new_kv, run_s, outs["top_ids"][0] if self.top_k else None)
+        return out if self.row_input else out.only(rows)
+
+    def _run_bound(self, io, feeds: dict, outs: dict) -> float:
+        """Bind the step's small inputs and preallocated outputs to `io` (its cache already bound), run ->
+        seconds inside the run call."""
         for name, a in feeds.items():
             io.bind_cpu_input(name, a)
         for name, a in outs.items():
             io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
         t = time.perf_counter()
         self.session.run_with_iobinding(io)
-        out = StepOut(logits[0], new_kv, time.perf_counter() - t, outs["top_ids"][0] if self.top_k else None)
-        return out if self.row_input else out.only(rows)
+        return time.perf_counter() - t
 
     def _binding(self, cache: RingKV):
         """This generation's IO binding, the cache's layer buffers bound (no copy) as past and present once
@@ -151,14 +156,8 @@ class OrtBackend(BackendBase):
                 "new_kv": np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)}
         if self.top_k:
             outs["top_ids"] = np.empty((B, T, self.top_k), dtype=np.int64)
-        io = self._pool_binding(pool, B)
-        for name, a in feeds.items():
-            io.bind_cpu_input(name, a)
-        for name, a in outs.items():
-            io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
-        t = time.perf_counter()
-        self.session.run_with_iobinding(io)
-        return StepOut(outs["logits"], outs["new_kv"], time.perf_counter() - t, outs.get("top_ids"))
+        run_s = self._run_bound(self._pool_binding(pool, B), feeds, outs)
+        return StepOut(outs["logits"], outs["new_kv"], run_s, outs.get("top_ids"))
 
     def _pool_binding(self, pool: KVPool, B: int):
         """An IO binding with rows [0, B) of the pool bound (no copy) as past and present of every layer; kept
