@@ -52,9 +52,10 @@ def cmd_generate(a) -> int:
     from .runtime import Generation
     g = Generation()
     for piece in pipe.stream(prompt, chat=a.chat, stop=tuple(a.stop), result=g, **opts):
-        if a.stream:
+        if a.stream and not a.json:
             print(piece, end="", flush=True)
-    print("" if a.stream else g.text)
+    if not a.json:  # --json prints the JSON object only
+        print("" if a.stream else g.text)
     if a.stats:
         s = g.stats
         print(f"\n[{g.finish_reason}] {s.new_tokens} tokens in {s.total_s:.2f} s = {s.tokens_per_s:.1f} tok/s | "
@@ -174,7 +175,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     g.add_argument("--stats", action="store_true", help="print speed and acceptance statistics")
-    g.add_argument("--json", action="store_true", help="also print the result as JSON")
+    g.add_argument("--json", action="store_true", help="print the result as one JSON object only (text, token_ids, "
+                   "finish_reason, stats)")
     g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
     g.set_defaults(fn=cmd_generate)
 

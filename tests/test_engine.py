@@ -125,3 +125,14 @@ def test_stop_strings_cut_tokens_the_same_for_every_draft(bundles):
     for g in solo_runs + [c.wait(60) for c in cs]:
         assert (g.text, g.token_ids, g.finish_reason) == (want.text, want.token_ids, "stop")
         assert g.stats.new_tokens == len(want.token_ids)
+
+
+def test_generate_batch(bundles):
+    from pathlib import Path
+
+    pipe = specexport.load(bundles["fused"])
+    assert Path(pipe.manifest.target.source["path"]).is_absolute()  # the torch backend reads it from any cwd
+    want = [solo(pipe, p, max_new_tokens=12) for p in PROMPTS[:3]]
+    assert [g.token_ids for g in pipe.generate_batch(PROMPTS[:3], max_new_tokens=12)] == want
+    with pytest.raises(OptionError):
+        pipe.generate_batch([])

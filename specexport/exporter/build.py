@@ -221,7 +221,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
     t_gc = gconfig.from_hf(t_hf)
     target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk}
     target_profiles.update({f"verify_{k}": k + 1 for k in sorted(cfg.ks)})
-    entries = {"target": export_and_check("target", "checkpoint", {"name": cfg.target, "path": str(t_path)},
+    entries = {"target": export_and_check("target", "checkpoint", {"name": cfg.target, "path": str(Path(t_path).resolve())},
                                           t_hf, t_gc, target_profiles)}
     # ---- draft
     d = cfg.draft
@@ -230,7 +230,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         d_path, d_hf = load(d.source)
         check_compatible(t_path, d_path, t_gc.vocab_size, d_hf.config.vocab_size)
         d_gc = gconfig.from_hf(d_hf)
-        entries["draft"] = export_and_check("draft", "checkpoint", {"name": d.source, "path": str(d_path)},
+        entries["draft"] = export_and_check("draft", "checkpoint", {"name": d.source, "path": str(Path(d_path).resolve())},
                                             d_hf, d_gc, draft_profiles)
     elif d.kind == "early-exit":
         d_gc = t_gc.with_layers(d.layers)

@@ -191,10 +191,36 @@ class Pipeline:
         return self._engine.close(timeout) if self._engine is not None else True
 
     def generate(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Generation:
+        """Generate to the end -> Generation (.text, .token_ids, .finish_reason "eos" | "stop" | "length", .stats).
+
+        prompt: a string (a user turn when chat=True), a list of chat messages ({"role", "content"}), or token
+        ids. stop: stop strings (a string is one). Options, all keyword-only, validated before any work:
+          max_new_tokens  int >= 1, default 128
+          draft           "model" | "ngram" | "recycle" | "none" | None (default: the draft model when the
+                          bundle's draft is a separate checkpoint, else recycle; none = plain decoding)
+          k               one of the bundle's verify k, or "auto" (chosen per step); default 4, recycle: auto
+          temperature     float >= 0, default 0 (greedy); top_k int >= 0 (0 = off); top_p in (0, 1] (1 = off)
+          seed            int in [0, 2**63), default 0; sampler "gumbel" (default) | "rejection"
+          ngram           longest n-gram prompt lookup matches, default 3
+        An unknown option is an OptionError that lists these. `generate_batch` runs many prompts together."""
         g = Generation()
         for _ in self.stream(prompt, chat=chat, stop=stop, result=g, **opts):
             pass
         return g
+
+    def generate_batch(self, prompts: list, chat: bool = False, stop: tuple = (), **opts) -> list[Generation]:
+        """Generate every prompt of `prompts` together on the batching engine (options as `generate`; draft:
+        recycle, ngram or none) -> one Generation per prompt, in order; each is what it would be alone."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise OptionError("generate_batch takes a non-empty list of prompts")
+        cs = [self.submit(p, chat=chat, stop=stop, **opts) for p in prompts]
+        out = []
+        for c in cs:
+            g = c.wait()
+            if c.error is not None:
+                raise c.error
+            out.append(g)
+        return out
 
 
 def load(path: str | Path, threads: int | None = None, verify: bool = True, backend: str = "onnxruntime",
