@@ -153,100 +153,140 @@ def _seal(root: Path, m: Manifest, umask: int) -> Manifest:
                          "please report it") from None
 
 
-def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
+@dataclass(frozen=True)
+class ModelJob:
+    """One model of the bundle to export (or quantise from an exported graph) and check."""
+    role: str  # "target" | "draft"
+    kind: str  # "checkpoint" | "early-exit" | "int4" | "int8"
+    source: dict
+    hf: object  # the transformers model: parity reference (and weights when not quantised)
+    gc: object  # GraphConfig
+    profiles: dict
+    layers: int | None = None  # early exit: the reference's first layers
+    quant_of: str | None = None  # quantise this already exported role's graph instead of exporting
+    graph_file: str | None = None
+    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations, 1 = float32
+
+
+def _load(name: str, log):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..graphs import config as gconfig
+    from . import models
+
+    path = models.resolve(name)
+    t = time.perf_counter()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    log(f"  loaded {name} from {path} ({time.perf_counter() - t:.1f} s)")
+    return Path(path).resolve(), hf
+
+
+def _export(cfg: BuildConfig, root: Path, job: ModelJob, log) -> ModelEntry:
+    """Write the job's graph into root -> its entry (parity not yet filled in)."""
     from ..graphs import llama
+    from . import onnx
+
+    graph_file = job.graph_file or f"{job.role}.onnx"
+    if job.quant_of is None:
+        log(f"[{job.role}] exporting {job.gc.num_layers}-layer graph (B, T symbolic, S={cfg.capacity}) ...")
+        onnx.export(llama.build(job.gc, job.hf.state_dict()), cfg.capacity, root / graph_file, attention=cfg.attention)
+    else:
+        log(f"[{job.role}] weight-only {job.kind} copy of {job.quant_of} (onnxruntime MatMulNBits, accuracy level "
+            f"{job.accuracy_level}) ...")
+        onnx.quantize(root / f"{job.quant_of}.onnx", root / graph_file, bits=int(job.kind[3:]),
+                      accuracy_level=job.accuracy_level)
+    inputs, outputs = onnx.io_spec(job.gc, attention=cfg.attention)
+    return ModelEntry(role=job.role, kind=job.kind, source=job.source, arch=job.gc.summary(), graph=graph_file,
+                      weights=graph_file + ".data", profiles=job.profiles, inputs=inputs, outputs=outputs, parity={},
+                      parity_tolerance=None if job.quant_of else cfg.tolerance, attention=cfg.attention)
+
+
+def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log) -> ModelEntry:
+    """Every profile (and the largest batch, for the target) against transformers eager; for the target, a
+    verify call against decode calls (losslessness) -> the entry with its parity report and notes."""
     from ..backends.ort import OrtBackend
-    from . import models, onnx, parity
-    from .tokenizer import check_compatible, copy_tokenizer
+    from . import parity
+
+    backend = OrtBackend(root, entry, bundle.buckets_for(cfg.capacity), batch_sizes=sorted(cfg.batch_sizes))
+    rep = parity.check(job.hf, backend, layers=job.layers)
+    if job.role == "target" and max(cfg.batch_sizes) > 1:  # rows at different cache lengths, row by row
+        rep.update(parity.check_batch(job.hf, backend, max(cfg.batch_sizes), layers=job.layers))
+    for name, r in rep.items():
+        log(f"  {name:16s} T={r['T']:<3d} S={r['S']:<5d} max|dlogit| {r['max_abs']:.2e}  top-1 agreement {r['top1']:.2f}")
+    worst = max(r["max_abs"] for r in rep.values())
+    if job.quant_of is None and not worst <= cfg.tolerance:
+        raise ParityError(f"{job.role}: exported graph differs from transformers eager by {worst:.3g} > tolerance "
+                          f"{cfg.tolerance:g}; the export is wrong for this checkpoint (report it), or "
+                          "raise --tolerance if the difference is expected")
+    notes = {}
+    if job.role == "target":  # does a verify call score tokens as plain decoding does? (losslessness)
+        notes["verify_drift"] = parity.verify_drift(backend)
+        log(f"  one verify call vs one decode call per token: max|dlogit| {notes['verify_drift']:.2e}")
+        if job.accuracy_level != 4 and not notes["verify_drift"] <= cfg.tolerance:
+            raise ParityError(f"target: a verify call scores tokens differently from plain decoding by "
+                              f"{notes['verify_drift']:.3g} > tolerance {cfg.tolerance:g}; speculative output "
+                              "would not match plain decoding (report it)")
+    return dataclasses.replace(entry, parity=rep, notes=notes)
+
+
+def _export_and_check(cfg: BuildConfig, root: Path, job: ModelJob, timings: dict, log) -> ModelEntry:
+    t = time.perf_counter()
+    entry = _export(cfg, root, job, log)
+    timings[f"{job.role}_export_s"] = round(time.perf_counter() - t, 1)
+    log(f"  {timings[f'{job.role}_export_s']:.1f} s")
+    t = time.perf_counter()
+    log(f"[{job.role}] parity vs transformers eager on profiles {job.profiles} ...")
+    entry = _check(cfg, root, job, entry, log)
+    timings[f"{job.role}_parity_s"] = round(time.perf_counter() - t, 1)
+    log(f"  {timings[f'{job.role}_parity_s']:.1f} s")
+    return entry
+
+
+def _draft_job(cfg: BuildConfig, t_path: Path, t_hf, t_gc, log) -> ModelJob | None:
+    from ..graphs import config as gconfig
+    from .tokenizer import check_compatible
+
+    d = cfg.draft
+    profiles = {"decode": 1, "catchup": 2, "prefill": cfg.prefill_chunk}
+    if d.kind == "checkpoint":
+        d_path, d_hf = _load(d.source, log)
+        check_compatible(t_path, d_path, t_gc.vocab_size, d_hf.config.vocab_size)
+        return ModelJob("draft", "checkpoint", {"name": d.source, "path": str(d_path)}, d_hf,
+                        gconfig.from_hf(d_hf), profiles)
+    if d.kind == "early-exit":
+        return ModelJob("draft", "early-exit", {"name": cfg.target, "layers": d.layers}, t_hf,
+                        t_gc.with_layers(d.layers), profiles, layers=d.layers)
+    if d.kind in ("int4", "int8"):
+        return ModelJob("draft", d.kind, {"name": cfg.target, "quantised": d.kind}, t_hf, t_gc, profiles,
+                        quant_of="target")
+    return None
+
+
+def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
+    import torch
+
+    from ..graphs import config as gconfig
+    from .tokenizer import copy_tokenizer
 
     t_start = time.perf_counter()
     torch.manual_seed(0)
-    S = cfg.capacity
-    timings = {}
-
-    def load(name):
-        path = models.resolve(name)
-        t = time.perf_counter()
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
-        log(f"  loaded {name} from {path} ({time.perf_counter() - t:.1f} s)")
-        return path, hf
-
-    def export_and_check(role, kind, src, hf, gc, profiles, layers=None, quant_of=None, graph_file=None, level=4):
-        t = time.perf_counter()
-        graph_file = graph_file or f"{role}.onnx"
-        if quant_of is None:
-            log(f"[{role}] exporting {gc.num_layers}-layer graph (T symbolic, S={S}) ...")
-            onnx.export(llama.build(gc, hf.state_dict()), S, root / graph_file, attention=cfg.attention)
-        else:
-            log(f"[{role}] weight-only {kind} copy of {quant_of} (onnxruntime MatMulNBits, accuracy level {level}) ...")
-            onnx.quantize(root / f"{quant_of}.onnx", root / graph_file, bits=int(kind[3:]), accuracy_level=level)
-        timings[f"{role}_export_s"] = round(time.perf_counter() - t, 1)
-        log(f"  {timings[f'{role}_export_s']:.1f} s")
-        inputs, outputs = onnx.io_spec(gc, attention=cfg.attention)
-        entry = ModelEntry(role=role, kind=kind, source=src, arch=gc.summary(), graph=graph_file,
-                           weights=graph_file + ".data", profiles=profiles, inputs=inputs, outputs=outputs,
-                           parity={}, parity_tolerance=None if quant_of else cfg.tolerance, attention=cfg.attention)
-        t = time.perf_counter()
-        log(f"[{role}] parity vs transformers eager on profiles {profiles} ...")
-        backend = OrtBackend(root, entry, bundle.buckets_for(S), batch_sizes=sorted(cfg.batch_sizes))
-        rep = parity.check(hf, backend, layers=layers)
-        if role == "target" and max(cfg.batch_sizes) > 1:  # rows at different cache lengths, row by row
-            rep.update(parity.check_batch(hf, backend, max(cfg.batch_sizes), layers=layers))
-        timings[f"{role}_parity_s"] = round(time.perf_counter() - t, 1)
-        log(f"  {timings[f'{role}_parity_s']:.1f} s")
-        for name, r in rep.items():
-            log(f"  {name:16s} T={r['T']:<3d} S={r['S']:<5d} max|dlogit| {r['max_abs']:.2e}  "
-                f"top-1 agreement {r['top1']:.2f}")
-        worst = max(r["max_abs"] for r in rep.values())
-        if quant_of is None and not worst <= cfg.tolerance:
-            raise ParityError(f"{role}: exported graph differs from transformers eager by {worst:.3g} > tolerance "
-                              f"{cfg.tolerance:g}; the export is wrong for this checkpoint (report it), or "
-                              "raise --tolerance if the difference is expected")
-        notes = {}
-        if role == "target":  # does a verify call score tokens as plain decoding does? (losslessness)
-            notes["verify_drift"] = parity.verify_drift(backend)
-            log(f"  one verify call vs one decode call per token: max|dlogit| {notes['verify_drift']:.2e}")
-            if level != 4 and not notes["verify_drift"] <= cfg.tolerance:
-                raise ParityError(f"target: a verify call scores tokens differently from plain decoding by "
-                                  f"{notes['verify_drift']:.3g} > tolerance {cfg.tolerance:g}; speculative output "
-                                  "would not match plain decoding (report it)")
-        return dataclasses.replace(entry, parity=rep, notes=notes)
-
-    # ---- target
-    t_path, t_hf = load(cfg.target)
+    timings: dict = {}
+    t_path, t_hf = _load(cfg.target, log)
     t_gc = gconfig.from_hf(t_hf)
-    target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk}
-    target_profiles.update({f"verify_{k}": k + 1 for k in sorted(cfg.ks)})
-    entries = {"target": export_and_check("target", "checkpoint", {"name": cfg.target, "path": str(Path(t_path).resolve())},
-                                          t_hf, t_gc, target_profiles)}
-    # ---- draft
-    d = cfg.draft
-    draft_profiles = {"decode": 1, "catchup": 2, "prefill": cfg.prefill_chunk}
-    if d.kind == "checkpoint":
-        d_path, d_hf = load(d.source)
-        check_compatible(t_path, d_path, t_gc.vocab_size, d_hf.config.vocab_size)
-        d_gc = gconfig.from_hf(d_hf)
-        entries["draft"] = export_and_check("draft", "checkpoint", {"name": d.source, "path": str(Path(d_path).resolve())},
-                                            d_hf, d_gc, draft_profiles)
-    elif d.kind == "early-exit":
-        d_gc = t_gc.with_layers(d.layers)
-        entries["draft"] = export_and_check("draft", "early-exit", {"name": cfg.target, "layers": d.layers},
-                                            t_hf, d_gc, draft_profiles, layers=d.layers)
-    elif d.kind in ("int4", "int8"):
-        entries["draft"] = export_and_check("draft", d.kind, {"name": cfg.target, "quantised": d.kind},
-                                            t_hf, t_gc, draft_profiles, quant_of="target")
+    target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk, **{f"verify_{k}": k + 1 for k in sorted(cfg.ks)}}
+    target = ModelJob("target", "checkpoint", {"name": cfg.target, "path": str(t_path)}, t_hf, t_gc, target_profiles)
+    entries = {"target": _export_and_check(cfg, root, target, timings, log)}
+    draft = _draft_job(cfg, t_path, t_hf, t_gc, log)
+    if draft is not None:
+        entries["draft"] = _export_and_check(cfg, root, draft, timings, log)
     if cfg.target_quant:  # after the drafts: a self:int4/int8 draft is cut from the float32 target graph
         # float32 activations (level 1) keep speculation lossless; int8 (level 4) quantises each row's activations
         # and one float rounding difference between a verify and a decode call flips a quantisation step that
         # cascades (SmolLM2 int4: rows after the first of a verify call moved by 0.5-1.3 logits)
         fp32, int8 = entries["target"], cfg.target_activations == "int8"
-        q = export_and_check("target", cfg.target_quant, {**fp32.source, "quantised": cfg.target_quant}, t_hf, t_gc,
-                             target_profiles, quant_of="target", graph_file=f"target.{cfg.target_quant}.onnx",
-                             level=4 if int8 else 1)
+        q = _export_and_check(cfg, root, dataclasses.replace(
+            target, kind=cfg.target_quant, source={**fp32.source, "quantised": cfg.target_quant}, quant_of="target",
+            graph_file=f"target.{cfg.target_quant}.onnx", accuracy_level=4 if int8 else 1), timings, log)
         entries["target"] = dataclasses.replace(q, notes={**q.notes, "float32_graph_parity": fp32.parity,
                                                           "activations": cfg.target_activations,
                                                           "speculative": not int8})
@@ -256,21 +296,25 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         from .tensorrt import build_engine
 
         for role, e in list(entries.items()):
-            entries[role] = dataclasses.replace(e, engine=build_engine(root, e, bundle.buckets_for(S),
+            entries[role] = dataclasses.replace(e, engine=build_engine(root, e, bundle.buckets_for(cfg.capacity),
                                                                        cfg.engine_precision, log))
-    # ---- tokenizer, manifest
     tok = copy_tokenizer(t_path, root / "tokenizer", t_hf)
-    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     timings["total_s"] = round(time.perf_counter() - t_start, 1)
+    return _write_manifest(cfg, root, entries, tok, timings, log)
+
+
+def _write_manifest(cfg: BuildConfig, root: Path, entries: dict, tok: dict, timings: dict, log) -> Manifest:
+    """manifest.json: every file of root hashed, the build's options and timings."""
+    S = cfg.capacity
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     m = Manifest(
         specexport_version=__version__, capacity=S, batch=max(cfg.batch_sizes), batch_sizes=sorted(cfg.batch_sizes),
-        buckets=bundle.buckets_for(S), models=entries,
-        tokenizer=tok,
+        buckets=bundle.buckets_for(S), models=entries, tokenizer=tok,
         files={f: bundle.sha256(root / f) for f in files},
-        build={"target": cfg.target, "draft": dataclasses.asdict(d), "ks": sorted(cfg.ks), "capacity": S, "batch_sizes": sorted(cfg.batch_sizes),
-               "target_quant": cfg.target_quant, "engine": cfg.engine, "attention": cfg.attention,
-               "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance, "timings": timings,
-               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        build={"target": cfg.target, "draft": dataclasses.asdict(cfg.draft), "ks": sorted(cfg.ks), "capacity": S,
+               "batch_sizes": sorted(cfg.batch_sizes), "target_quant": cfg.target_quant, "engine": cfg.engine,
+               "attention": cfg.attention, "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance,
+               "timings": timings, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "
                             "output new_kv [L,2,B,Hkv,T,D]; slot = position mod S"
                             + ("; fused: present_key/value.{i} alias the past buffers (slots n..n+T-1 written)"
