@@ -28,7 +28,9 @@ def test_parity_recorded(smol):
     _, out = smol
     m = json.loads((out / "manifest.json").read_text())
     t = m["models"]["target"]
-    assert set(t["parity"]) == set(t["profiles"]) | {"decode@capacity"}
+    B = m["batch"]  # the largest batch, rows at different cache lengths (fused: one new token per row)
+    assert B > 1 and set(t["parity"]) == set(t["profiles"]) | {"decode@capacity", f"batch_B{B}_T1"}
+    assert len(set(t["parity"][f"batch_B{B}_T1"]["cache_lengths"])) == B
     assert all(r["max_abs"] < 1e-3 and r["top1"] == 1.0 for r in t["parity"].values()), t["parity"]
     assert m["models"]["draft"]["kind"] == "int4"
     assert m["tokenizer"]["chat_template"] and m["tokenizer"]["eos_token_ids"]
