@@ -211,3 +211,17 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
     assert 100 < hits < 400  # both outcomes were exercised
     assert NgramDrafter(3).propose([5, 6, 7, 5, 6, 9, 5, 6], 2, None)[0] == [9, 5]  # latest match wins
     assert NgramDrafter(3).propose([1, 2, 3, 9, 2, 3, 4, 1, 2, 3], 3, None)[0] == [9, 2, 3]  # longest wins
+
+
+def test_step_costs_prices_unmeasured_calls_from_measured_ones():
+    from specexport.runtime.costs import StepCosts
+
+    c = StepCosts()
+    assert c.cost(1, 5) > c.cost(1, 1)  # the prior before anything is measured: more rows cost more
+    c.update(1, 1, 0.030)
+    assert abs(c.cost(1, 5) - 0.030 * 1.2) < 1e-9  # one size measured: 5% per extra row
+    c.update(8, 1, 0.044)  # 8 rows: 2 ms per extra row, a line through both
+    assert abs(c.cost(8, 5) - (0.030 + 0.002 * 39)) < 1e-6 and c.cost(8, 1) == 0.044
+    # the batch's expected tokens per second decide T: 8 rows each expecting 1.6 tokens from T=5 lose to T=1
+    assert c.best(8, [1, 5], lambda T: 8 * (1.6 if T == 5 else 1.0)) == 1
+    assert c.best(1, [1, 5], lambda T: 1.6 if T == 5 else 1.0) == 5

@@ -2,10 +2,14 @@
 calls not measured yet. The one step-cost model of the runtime (the tree sizer, adaptive k and the engine's
 choice of T per step all price calls here).
 
-Prior: a call of B rows x T new tokens costs the cheapest measured call scaled by 1 + 0.05 per extra row
-(B*T - 1): on 2-core CPUs one extra row of a SmolLM2 call costs 4-10% of a one-row call (docs/benchmarks.md).
+Prior for a call not measured yet: once calls of two or more sizes are measured, the least-squares line
+seconds = a + b * rows through them (rows = B*T); before that, the cheapest measured call scaled by 1 + 0.05
+per extra row (on 2-core CPUs one extra row of a SmolLM2 call costs 4-10% of a one-row call,
+docs/benchmarks.md).
 """
 from __future__ import annotations
+
+import numpy as np
 
 ROW = 0.05  # prior cost of one more row, relative to a one-row call
 
@@ -25,7 +29,13 @@ class StepCosts:
             return c
         if not self.seen:
             return 1 + ROW * (B * T - 1)
-        one = min(s / (1 + ROW * (b * t - 1)) for (b, t), s in self.seen.items())  # a one-row call, estimated
+        rows = np.array([b * t for b, t in self.seen], dtype=float)
+        secs = np.array(list(self.seen.values()))
+        if len(set(rows)) >= 2:  # calls of two or more sizes measured: a line through them, seconds = a + b * rows
+            b, a = np.polyfit(rows, secs, 1)
+            if b > 0 and a > 0:
+                return a + b * B * T
+        one = float(np.min(secs / (1 + ROW * (rows - 1))))  # a one-row call, estimated
         return one * (1 + ROW * (B * T - 1))
 
     def best(self, B: int, ts, expected) -> int:
