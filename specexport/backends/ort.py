@@ -24,6 +24,8 @@ class OrtBackend(BackendBase):
         import onnxruntime as ort
 
         super().__init__(entry, buckets, batch_sizes)
+        if os.environ.get("SPECEXPORT_ORT_TELEMETRY") != "1":  # an embedded runtime does not phone home unless asked
+            ort.disable_telemetry_events()
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1)
         so.inter_op_num_threads = 1
