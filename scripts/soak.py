@@ -16,6 +16,8 @@ runtime's own backend: threads, no spinning for a draft, ORT_ENABLE_ALL):
   no_arena         enable_cpu_mem_arena = False (every tensor from malloc)
   shape_free       both of the above
 --trim calls malloc_trim(0) before each sample, to separate memory held by malloc from memory in use.
+--populate maps the weight files' pages in at load (what onnxruntime reads in place from the file, e.g. the
+embedding table, otherwise enters RSS page by page as new token ids are looked up: RssFile, not RssAnon).
 """
 from __future__ import annotations
 
@@ -33,12 +35,30 @@ VARIANTS = {"default": {}, "no_mem_pattern": {"enable_mem_pattern": False},
             "shape_free": {"enable_mem_pattern": False, "enable_cpu_mem_arena": False}}
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """VmRSS, or RssAnon (malloc, arenas, prepacked weights) / RssFile (mapped files: weights read in place)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def populate(suffix: str = ".onnx.data") -> int:
+    """Map in now every page of the weight files onnxruntime memory-mapped (madvise MADV_POPULATE_READ, Linux
+    5.14+) -> MB. onnxruntime reads some external initializers in place from the file (the embedding table
+    Gather reads): without this their pages enter RSS one by one as new token ids are looked up."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].endswith(suffix):
+                a, b = (int(x, 16) for x in parts[0].split("-"))
+                if libc.madvise(a, b - a, 22) == 0:  # 22 = MADV_POPULATE_READ
+                    done += b - a
+    return done >> 20
 
 
 def lengths(spec: str) -> tuple[int, int]:
@@ -70,6 +90,7 @@ def child(a) -> dict:
 
     pipe = specexport.load(a.bundle)
     rebuild_sessions(pipe, VARIANTS[a.ort])
+    populated = populate() if a.populate else 0
     draft = None if a.draft == "default" else a.draft
     V = pipe.manifest.target.arch["vocab_size"]
     eos = set(pipe.manifest.tokenizer["eos_token_ids"])
@@ -77,7 +98,7 @@ def child(a) -> dict:
     hi = min(hi, pipe.manifest.capacity - a.max_new_tokens - 1)
     rng = random.Random(a.seed)
     trim = ctypes.CDLL("libc.so.6").malloc_trim if a.trim else None
-    series, seen, t0 = [], set(), time.perf_counter()
+    series, anon, files, seen, t0 = [], [], [], set(), time.perf_counter()
     for i in range(a.n):
         L = rng.randint(lo, hi)
         seen.add(L)
@@ -87,6 +108,8 @@ def child(a) -> dict:
             if trim is not None:
                 trim(0)
             series.append(round(rss_mb(), 1))
+            anon.append(round(rss_mb("RssAnon"), 1))
+            files.append(round(rss_mb("RssFile"), 1))
     warm = max(1, len(series) * a.warmup // a.n)  # samples inside the warm-up
     after = series[warm:]
     per100 = (after[-1] - after[0]) / ((len(after) - 1) * a.every) * 100 if len(after) > 1 else float("nan")
@@ -94,7 +117,7 @@ def child(a) -> dict:
             "distinct_lengths": len(seen), "max_new_tokens": a.max_new_tokens, "trim": a.trim,
             "rss_warm_mb": after[0] if after else None, "rss_end_mb": series[-1] if series else None,
             "growth_mb_per_100": round(per100, 2), "seconds": round(time.perf_counter() - t0, 1),
-            "every": a.every, "rss_mb": series}
+            "populated_mb": populated, "every": a.every, "rss_mb": series, "rss_anon_mb": anon, "rss_file_mb": files}
 
 
 def main(argv=None) -> int:
@@ -110,6 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=200, help="generations before the flat-after-warm-up window")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trim", action="store_true", help="malloc_trim(0) before each sample")
+    p.add_argument("--populate", action="store_true", help="map the weight files' pages in at load (see populate)")
     p.add_argument("--out", default=None, help="also append the JSON records to this file")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--draft", default=None, help=argparse.SUPPRESS)
@@ -127,6 +151,7 @@ def main(argv=None) -> int:
                    "--every", str(a.every), "--warmup", str(a.warmup), "--seed", str(a.seed)]
             cmd += ["--k", str(a.k)] if a.k is not None else []
             cmd += ["--trim"] if a.trim else []
+            cmd += ["--populate"] if a.populate else []
             r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ORT_DISABLE_TELEMETRY": "1"})
             if r.returncode != 0:
                 print(f"{draft}/{ort_variant} failed: {r.stderr[-2000:]}", file=sys.stderr)
@@ -137,10 +162,12 @@ def main(argv=None) -> int:
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(rec) + "\n")
-    print(f"\n| draft | onnxruntime | RSS after {a.warmup} (MB) | RSS at {a.n} (MB) | MB per 100 generations |")
-    print("|---|---|---|---|---|")
+    print(f"\n| draft | onnxruntime | populate | RSS after {a.warmup} (MB) | RSS at {a.n} (MB) | MB per 100 "
+          "generations | RssAnon / RssFile at the end (MB) |")
+    print("|---|---|---|---|---|---|---|")
     for r in records:
-        print(f"| {r['draft']} | {r['ort']} | {r['rss_warm_mb']} | {r['rss_end_mb']} | {r['growth_mb_per_100']} |")
+        print(f"| {r['draft']} | {r['ort']} | {'yes' if r['populated_mb'] else 'no'} | {r['rss_warm_mb']} | "
+              f"{r['rss_end_mb']} | {r['growth_mb_per_100']} | {r['rss_anon_mb'][-1]} / {r['rss_file_mb'][-1]} |")
     return 0
 
 
