@@ -380,7 +380,8 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
     dims("logits", {2: V})
     dims("new_kv", {0: L, 1: 2, 3: Hkv, 5: D})
     if "top_ids" in spec:
-        k = spec["top_ids"]["shape"][-1]
+        shape = spec["top_ids"]["shape"]
+        k = shape[-1] if len(shape) == 3 else None  # [B, R, k]
         if type(k) is not int or not 1 <= k <= V:
             raise _bad(f"{where}: top_ids.shape[-1]", f"must be a count in [1, {V}]", k)
     for n, dt in (("input_ids", "int64"), ("position_ids", "int64"), ("logits", "float32"), ("new_kv", "float32")):

@@ -122,6 +122,7 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d["models"].update(judge=d["models"]["target"]), "unknown field 'judge'"),
     (lambda d: d["models"]["target"].pop("graph"), "models.target.graph is missing"),
     (lambda d: d.update(models=[]), "models must be an object"),
+    (lambda d: d["models"]["draft"]["outputs"][2].update(shape=[]), "top_ids.shape"),  # found by the long fuzz
 ])
 def test_schema_names_the_field(copy, change, field):
     edit(copy, change)
