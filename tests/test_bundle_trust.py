@@ -569,6 +569,8 @@ def _umount(path: Path) -> None:
 def test_read_only_output_is_a_one_line_error(ckpts, tmp_path, capsys):
     ro = tmp_path / "ro"
     why = _mount_tmpfs(ro, "ro,size=1m")
+    if why and os.geteuid() == 0:
+        pytest.skip(f"{why}, and root writes through directory permissions")
     if why:  # not root: a directory without write permission
         os.chmod(ro, 0o555)
     try:
