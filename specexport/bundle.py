@@ -22,6 +22,7 @@ import re
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from .errors import BundleError  # noqa: F401  (re-exported: bundle.BundleError)
 
@@ -41,6 +42,10 @@ MAX_KV_BYTES = 1 << 36  # one model's float32 cache at the full capacity (Llama-
 MAX_TEMPLATE_CHARS = 1 << 20
 RESERVED_TEMPLATE_NAMES = ("messages", "add_generation_prompt", "raise_exception", "tools", "documents")
 KINDS = ("checkpoint", "early-exit", "int4", "int8")
+# "portable": attention from standard ONNX ops (any runtime, TensorRT); "fused": onnxruntime's
+# GroupQueryAttention contrib op, which writes the step's K/V into free cache slots in place
+Attention = Literal["fused", "portable"]
+Activations = Literal["float32", "int8"]  # how a quantised graph's MatMulNBits compute (accuracy level 1 or 4)
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 DIM_NAMES = ("B", "T", "S", "L", "R")  # docs/design.md: batch, new tokens, cache slots, cached + new, logit rows
 
@@ -60,9 +65,7 @@ class ModelEntry:
     parity_tolerance: float | None
     notes: dict = field(default_factory=dict)
     engine: dict = field(default_factory=dict)  # TensorRT engine record (exporter/tensorrt.py), {} if none
-    # "portable": attention from standard ONNX ops (any runtime, TensorRT); "fused": onnxruntime's
-    # GroupQueryAttention contrib op, which writes the step's K/V into free cache slots in place
-    attention: str = "portable"
+    attention: Attention = "portable"
 
     def verify_ks(self) -> list[int]:
         return sorted(int(n.split("_")[1]) for n in self.profiles if n.startswith("verify_"))

@@ -24,8 +24,8 @@ def cmd_build(a) -> int:
 
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
-                      target_quant=a.quantize_target or "", target_activations=a.target_activations,
-                      engine=a.engine or "", engine_precision=a.engine_precision, attention=a.attention or "",
+                      target_quant=a.quantize_target, target_activations=a.target_activations,
+                      engine=a.engine, engine_precision=a.engine_precision, attention=a.attention,
                       batch_sizes=a.batch)
     m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)))
     if not a.quiet:

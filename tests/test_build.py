@@ -66,7 +66,9 @@ def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path)
         assert got.stats.steps == want.stats.steps or draft == "recycle"  # its tree size follows measured times
     with pytest.raises(ValueError, match="--attention portable"):
         BuildConfig(target="x", out=tmp_path / "z", engine="tensorrt", attention="fused")
-    assert BuildConfig(target="x", out=tmp_path / "z", engine="tensorrt").attention == "portable"
+    assert BuildConfig(target="x", out=tmp_path / "z", engine="tensorrt").resolved().attention == "portable"
+    assert BuildConfig(target="x", out=tmp_path / "z").resolved().attention == "fused"
+    assert BuildConfig(target="x", out=tmp_path / "z").attention is None  # the config itself is not patched
 
 
 @pytest.mark.parametrize("spec,kind", [("self:int8", "int8"), ("self:int4", "int4"), ("self:layers=2", "early-exit")])
@@ -136,7 +138,9 @@ def test_interrupted_build_leaves_nothing(ckpts, tmp_path):
 @pytest.mark.parametrize("kw,match", [
     (dict(ks=(0,)), "k"), (dict(ks=(70,)), "does not fit"), (dict(capacity=4), "capacity"),
     (dict(prefill_chunk=0), "prefill-chunk"), (dict(prefill_chunk=1000), "prefill-chunk"),
-    (dict(tolerance=0), "tolerance"), (dict(engine="tvm"), "engine"),
+    (dict(tolerance=0), "tolerance"), (dict(engine="tvm"), "engine"), (dict(engine=""), "engine"),
+    (dict(attention="gqa"), "attention"), (dict(target_quant="int3"), "quantize-target"),
+    (dict(target_quant="int4", target_activations="int4"), "target-activations"),
     (dict(engine="tensorrt", engine_precision="int8"), "engine-precision"),
 ])
 def test_bad_options(kw, match, tmp_path):

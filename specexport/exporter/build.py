@@ -14,9 +14,10 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from .. import __version__, bundle
-from ..bundle import Manifest, ModelEntry
+from ..bundle import Activations, Attention, Manifest, ModelEntry
 from ..errors import BuildError, BundleError, SpecExportError
 from . import output
 
@@ -25,11 +26,17 @@ DRAFT_HELP = ("a checkpoint (directory, short name or cached hub id), or a draft
               "(weight-only quantised copy), or none")
 
 
+Quant = Literal["int4", "int8"]  # weight-only MatMulNBits bits
+Engine = Literal["tensorrt"]
+Precision = Literal["fp32", "fp16", "bf16"]  # TensorRT builder flag over the float32 ONNX graph
+DraftKind = Literal["none", "checkpoint", "early-exit", "int4", "int8"]
+
+
 @dataclass(frozen=True)
 class DraftSpec:
-    kind: str  # "none" | "checkpoint" | "early-exit" | "int4" | "int8"
-    source: str = ""
-    layers: int = 0
+    kind: DraftKind
+    source: str | None = None  # checkpoint: directory, short name or cached hub id
+    layers: int | None = None  # early-exit: the target's first N layers
 
     @staticmethod
     def parse(s: str | None) -> "DraftSpec":
@@ -43,26 +50,34 @@ class DraftSpec:
         return DraftSpec("early-exit", layers=int(m.group(1))) if m.group(1) else DraftSpec(m.group(2))
 
 
+def _one_of(value, kind, option: str, what: str = "") -> None:
+    """`value` must be one of the Literal `kind`'s values (None passes where the field is optional)."""
+    if value is not None and value not in get_args(kind):
+        raise ValueError(f"{option} must be {what or ' or '.join(get_args(kind))}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class BuildConfig:
+    """What `specexport build` was asked for. None means "not asked": no quantised target, no engine, and for
+    `attention` the default that `resolved()` fills in (portable with an engine, else fused)."""
     target: str
     out: Path
     draft: DraftSpec = DraftSpec("none")
-    ks: tuple = (2, 4, 8)
+    ks: tuple[int, ...] = (2, 4, 8)
     capacity: int = 2048
     prefill_chunk: int = 64
     tolerance: float = 1e-3  # max |logit - eager logit|, float32
     force: bool = False
-    target_quant: str = ""  # "", "int4" or "int8": ship a weight-only quantised target (output exact w.r.t. it)
-    # "float32" or "int8": how the quantised target computes (onnxruntime accuracy level 1 or 4); int8 is faster
-    # but a verify call scores a token differently from a decode call, so such a bundle decodes plainly only
-    target_activations: str = "float32"
-    engine: str = ""  # "" or "tensorrt": also build TensorRT engines (needs TensorRT and a GPU here)
-    # "fused" (onnxruntime GroupQueryAttention; the CPU default) or "portable" (standard ONNX ops: TensorRT,
-    # the device backends); "" picks portable with --engine, else fused
-    attention: str = ""
-    engine_precision: str = "fp16"  # fp32 | fp16 | bf16 (a TensorRT builder flag over the float32 ONNX graph)
-    batch_sizes: tuple = (1, 2, 4, 8)  # B values the engine may run (sequences per target call)
+    target_quant: Quant | None = None  # ship a weight-only quantised target (output exact w.r.t. it)
+    # how the quantised target computes (onnxruntime accuracy level 1 or 4); int8 is faster but a verify call
+    # scores a token differently from a decode call, so such a bundle decodes plainly only
+    target_activations: Activations = "float32"
+    engine: Engine | None = None  # also build TensorRT engines (needs TensorRT and a GPU here)
+    # fused: onnxruntime GroupQueryAttention (the CPU default); portable: standard ONNX ops (TensorRT, the device
+    # backends); None: portable with an engine, else fused (resolved())
+    attention: Attention | None = None
+    engine_precision: Precision = "fp16"
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # B values the engine may run (sequences per target call)
 
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
@@ -75,13 +90,11 @@ class BuildConfig:
         if not 1 <= self.prefill_chunk <= self.capacity:
             raise ValueError(f"--prefill-chunk must be between 1 and the capacity ({self.capacity}), "
                              f"got {self.prefill_chunk}")
-        if self.target_quant not in ("", "int4", "int8"):
-            raise ValueError(f"--quantize-target must be int4 or int8, got {self.target_quant!r}")
+        _one_of(self.target_quant, Quant, "--quantize-target")
         if self.target_quant and self.draft.kind == self.target_quant:
             raise ValueError(f"a self:{self.target_quant} draft of an {self.target_quant} target is the target "
                              "itself: use another draft (or --draft none and the ngram drafter)")
-        if self.target_activations not in ("float32", "int8"):
-            raise ValueError(f"--target-activations must be float32 or int8, got {self.target_activations!r}")
+        _one_of(self.target_activations, Activations, "--target-activations")
         if self.target_activations == "int8" and not self.target_quant:
             raise ValueError("--target-activations int8 applies to a quantised target: add --quantize-target int4")
         if self.target_activations == "int8" and self.draft.kind != "none":
@@ -90,19 +103,18 @@ class BuildConfig:
                              "none, or --target-activations float32 to keep speculative decoding")
         if not self.tolerance > 0:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
-        if self.engine not in ("", "tensorrt"):
-            raise ValueError(f"--engine must be tensorrt (or left out), got {self.engine!r}")
-        if self.attention not in ("", "fused", "portable"):
-            raise ValueError(f"--attention must be fused or portable, got {self.attention!r}")
+        _one_of(self.engine, Engine, "--engine", "tensorrt (or left out)")
+        _one_of(self.attention, Attention, "--attention")
         if self.engine and self.attention == "fused":
             raise ValueError("--engine tensorrt needs --attention portable: TensorRT has no GroupQueryAttention")
-        if not self.attention:
-            object.__setattr__(self, "attention", "portable" if self.engine else "fused")
         if (not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 256
                                         for b in self.batch_sizes) or 1 not in self.batch_sizes):
             raise ValueError(f"--batch values must be integers in [1, 256] including 1, got {list(self.batch_sizes)}")
-        if self.engine_precision not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"--engine-precision must be fp32, fp16 or bf16, got {self.engine_precision!r}")
+        _one_of(self.engine_precision, Precision, "--engine-precision", "fp32, fp16 or bf16")
+
+    def resolved(self) -> "BuildConfig":
+        """This config with the defaults that depend on other options filled in: the attention kind."""
+        return dataclasses.replace(self, attention=self.attention or ("portable" if self.engine else "fused"))
 
 
 class ParityError(RuntimeError):
@@ -112,6 +124,7 @@ class ParityError(RuntimeError):
 def build(cfg: BuildConfig, log=print) -> Manifest:
     """Build the bundle into a work directory beside cfg.out and move it there complete (exporter/output.py:
     stale leftovers, the atomic --force swap, signals, permissions, disk errors)."""
+    cfg = cfg.resolved()
     out = Path(cfg.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
