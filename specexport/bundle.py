@@ -20,7 +20,7 @@ import math
 import os
 import re
 import stat
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +50,11 @@ DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 DIM_NAMES = ("B", "T", "S", "L", "R")  # docs/design.md: batch, new tokens, cache slots, cached + new, logit rows
 
 
+# ModelEntry fields that manifest.json keeps in a "notes" object (where bundles have always kept them), each
+# written only when it differs from its default
+NOTES = ("verify_drift", "speculative", "activations", "float32_graph_parity")
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     role: str  # "target" | "draft"
@@ -63,9 +68,30 @@ class ModelEntry:
     outputs: list
     parity: dict  # profile name -> max |logit - eager logit| (checkpoint and early-exit models)
     parity_tolerance: float | None
-    notes: dict = field(default_factory=dict)
     engine: dict = field(default_factory=dict)  # TensorRT engine record (exporter/tensorrt.py), {} if none
     attention: Attention = "portable"
+    # the target: max |logit difference| between one verify call and one decode call per token (the build
+    # measures it; float32 graphs differ by rounding only)
+    verify_drift: float | None = None
+    # False for a target whose verify calls do not score tokens as plain decoding does (int8 activations):
+    # such a bundle decodes plainly only
+    speculative: bool = True
+    activations: Activations | None = None  # a quantised target: how its MatMulNBits compute
+    float32_graph_parity: dict | None = None  # a quantised target: the parity report of the graph it came from
+
+    @staticmethod
+    def from_dict(d: dict) -> "ModelEntry":
+        """A checked manifest entry (`check`) -> ModelEntry, its "notes" object read into the typed fields."""
+        notes = d.get("notes", {})
+        return ModelEntry(**{k: v for k, v in d.items() if k != "notes"}, **{k: notes[k] for k in NOTES if k in notes})
+
+    def to_dict(self) -> dict:
+        """The manifest.json object: the note fields that differ from their defaults go under "notes"."""
+        d = asdict(self)
+        defaults = {f.name: f.default for f in fields(self) if f.name in NOTES}
+        notes = {k: v for k, v in ((k, d.pop(k)) for k in NOTES) if v != defaults[k]}
+        engine, attention = d.pop("engine"), d.pop("attention")
+        return {**d, "notes": notes, "engine": engine, "attention": attention}
 
     def verify_ks(self) -> list[int]:
         return sorted(int(n.split("_")[1]) for n in self.profiles if n.startswith("verify_"))
@@ -91,13 +117,15 @@ class Manifest:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        d = asdict(self)
+        d["models"] = {role: e.to_dict() for role, e in self.models.items()}
+        return json.dumps(d, indent=2)
 
     @staticmethod
     def from_dict(d) -> "Manifest":
         """Check `d` against the schema (`check`), then build the dataclasses."""
         check(d)
-        return Manifest(**{**d, "models": {k: ModelEntry(**v) for k, v in d["models"].items()}})
+        return Manifest(**{**d, "models": {k: ModelEntry.from_dict(v) for k, v in d["models"].items()}})
 
     @property
     def target(self) -> ModelEntry:
@@ -277,26 +305,34 @@ def _check_model(e, where: str, role: str, S: int, B: int, files: dict) -> None:
         raise _bad(f"{where}.weights", "must be the graph's external-data file, not the graph", e["weights"])
     _check_profiles(e["profiles"], f"{where}.profiles", S, role)
     _check_io(e["inputs"], e["outputs"], where, attention, L, Hkv, D, V)
-    for name, p in _obj(e["parity"], f"{where}.parity", free=True).items():
-        pw = f"{where}.parity.{name}"
+    _check_parity(e["parity"], f"{where}.parity", S)
+    if e["parity_tolerance"] is not None:
+        _num(e["parity_tolerance"], f"{where}.parity_tolerance", lo=0)
+    notes = _obj(e.get("notes", {}), f"{where}.notes", optional=NOTES)
+    if "verify_drift" in notes:
+        _num(notes["verify_drift"], f"{where}.notes.verify_drift", finite=False)
+    if "speculative" in notes:
+        _bool(notes["speculative"], f"{where}.notes.speculative")
+    if "activations" in notes:
+        _str(notes["activations"], f"{where}.notes.activations", choices=("float32", "int8"))
+    if "float32_graph_parity" in notes:
+        _check_parity(notes["float32_graph_parity"], f"{where}.notes.float32_graph_parity", S)
+    engine = _obj(e.get("engine", {}), f"{where}.engine", free=True)
+    if engine:
+        _listed(engine.get("file"), f"{where}.engine.file", files)
+        _obj(engine.get("profile_of_T"), f"{where}.engine.profile_of_T", free=True)
+
+
+def _check_parity(rep, where: str, S: int) -> None:
+    """A parity report: profile name -> {"T", "S", "max_abs", "top1", ...}."""
+    for name, p in _obj(rep, where, free=True).items():
+        pw = f"{where}.{name}"
         _str(name, pw, 64)
         _obj(p, pw, required=("T", "S", "max_abs", "top1"), free=True)
         _int(p["T"], f"{pw}.T", 1, S)
         _int(p["S"], f"{pw}.S", 1, MAX_CAPACITY)
         _num(p["max_abs"], f"{pw}.max_abs", finite=False)
         _num(p["top1"], f"{pw}.top1", finite=False)
-    if e["parity_tolerance"] is not None:
-        _num(e["parity_tolerance"], f"{where}.parity_tolerance", lo=0)
-    notes = _obj(e.get("notes", {}), f"{where}.notes", free=True)
-    for k, check_note in (("speculative", _bool), ("activations", lambda x, w: _str(x, w, 32)),
-                          ("verify_drift", lambda x, w: _num(x, w, finite=False)),
-                          ("float32_graph_parity", lambda x, w: _obj(x, w, free=True))):
-        if k in notes:
-            check_note(notes[k], f"{where}.notes.{k}")
-    engine = _obj(e.get("engine", {}), f"{where}.engine", free=True)
-    if engine:
-        _listed(engine.get("file"), f"{where}.engine.file", files)
-        _obj(engine.get("profile_of_T"), f"{where}.engine.profile_of_T", free=True)
 
 
 ARCH_INTS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1024,
@@ -600,10 +636,9 @@ def describe(m: Manifest, root: Path | None = None) -> str:
         for name, p in e.parity.items():
             lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
                          f"top-1 {p['top1']:.2f}")
-        if "verify_drift" in e.notes:
-            plain_only = "" if e.notes.get("speculative", True) else \
-                f" ({e.notes.get('activations')} activations: plain decoding only)"
-            lines.append(f"  verify vs decode max|dlogit| {e.notes['verify_drift']:.2e}{plain_only}")
+        if e.verify_drift is not None:
+            plain_only = "" if e.speculative else f" ({e.activations} activations: plain decoding only)"
+            lines.append(f"  verify vs decode max|dlogit| {e.verify_drift:.2e}{plain_only}")
     lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
                  f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
     if root is not None:

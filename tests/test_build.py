@@ -220,8 +220,8 @@ def test_quantized_target(ckpts, tmp_path):
     out = build_bundle(tmp_path / "q", ckpts["target"], draft="self:layers=1", ks=(2,), target_quant="int8")
     m = bundle.read(out)
     assert m.target.kind == "int8" and m.target.graph == "target.int8.onnx"
-    assert all(r["max_abs"] < 1e-4 for r in m.target.notes["float32_graph_parity"].values())
-    assert m.target.notes["speculative"] and m.target.notes["verify_drift"] < 1e-4
+    assert all(r["max_abs"] < 1e-4 for r in m.target.float32_graph_parity.values())
+    assert m.target.speculative and m.target.verify_drift < 1e-4
     assert not (out / "target.onnx").exists()
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
@@ -239,7 +239,7 @@ def test_int8_activations_target_decodes_plainly(ckpts, tmp_path, capsys):
         BuildConfig(target="x", out=tmp_path / "z", target_activations="int8")
     out = build_bundle(tmp_path / "q", ckpts["target"], ks=(2,), target_quant="int4", target_activations="int8")
     m = bundle.read(out)
-    assert m.target.notes["activations"] == "int8" and m.target.notes["speculative"] is False
+    assert m.target.activations == "int8" and m.target.speculative is False
     graph = onnx.load(str(out / m.target.graph), load_external_data=False)
     levels = {a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
               if a.name == "accuracy_level"}

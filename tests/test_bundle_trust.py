@@ -123,11 +123,38 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d["models"]["target"].pop("graph"), "models.target.graph is missing"),
     (lambda d: d.update(models=[]), "models must be an object"),
     (lambda d: d["models"]["draft"]["outputs"][2].update(shape=[]), "top_ids.shape"),  # found by the long fuzz
+    (lambda d: d["models"]["target"]["notes"].update(verify_drift="0"), "models.target.notes.verify_drift"),
+    (lambda d: d["models"]["target"]["notes"].update(speculative=0), "models.target.notes.speculative"),
+    (lambda d: d["models"]["target"]["notes"].update(activations="int4"), "models.target.notes.activations"),
+    (lambda d: d["models"]["target"]["notes"].update(float32_graph_parity={"decode": {"T": 1}}),
+     "models.target.notes.float32_graph_parity.decode.S is missing"),
+    (lambda d: d["models"]["target"]["notes"].update(drift=1.0), "models.target.notes has unknown field 'drift'"),
 ])
 def test_schema_names_the_field(copy, change, field):
     edit(copy, change)
     with pytest.raises(BundleError, match=f"{field}.*rebuild"):
         bundle.read(copy)
+
+
+def test_notes_are_typed_fields_and_round_trip(copy):
+    """manifest.json keeps a model's notes in a "notes" object; the loader reads them into typed ModelEntry
+    fields (defaults where absent) and writes back only those that differ from their defaults."""
+    m = bundle.read(copy)
+    assert isinstance(m.target.verify_drift, float) and m.target.speculative is True
+    assert m.target.activations is None and m.target.float32_graph_parity is None
+    assert m.draft.verify_drift is None  # the build measures drift for the target only
+    written = json.loads(m.to_json())["models"]
+    assert written["target"]["notes"] == {"verify_drift": m.target.verify_drift} and written["draft"]["notes"] == {}
+    report = {"decode": {"T": 1, "S": 32, "max_abs": 1e-5, "top1": 1.0}}
+    notes = {"verify_drift": 0.5, "speculative": False, "activations": "int8", "float32_graph_parity": report}
+    edit(copy, lambda d: d["models"]["target"].update(notes=notes))
+    t = bundle.read(copy).target
+    assert (t.verify_drift, t.speculative, t.activations, t.float32_graph_parity) == (0.5, False, "int8", report)
+    assert json.loads(bundle.read(copy).to_json())["models"]["target"]["notes"] == notes
+    assert "(int8 activations: plain decoding only)" in bundle.describe(bundle.read(copy))
+    edit(copy, lambda d: d["models"]["target"].pop("notes"))  # absent: every default
+    t = bundle.read(copy).target
+    assert (t.verify_drift, t.speculative, t.activations, t.float32_graph_parity) == (None, True, None, None)
 
 
 def test_arch_numbers_that_lie_about_the_graph_fail_at_load(copy):

@@ -216,7 +216,7 @@ def _export(cfg: BuildConfig, root: Path, job: ModelJob, log) -> ModelEntry:
 
 def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log) -> ModelEntry:
     """Every profile (and the largest batch, for the target) against transformers eager; for the target, a
-    verify call against decode calls (losslessness) -> the entry with its parity report and notes."""
+    verify call against decode calls (losslessness) -> the entry with its parity report and verify drift."""
     from ..backends.ort import OrtBackend
     from . import parity
 
@@ -231,15 +231,14 @@ def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log) 
         raise ParityError(f"{job.role}: exported graph differs from transformers eager by {worst:.3g} > tolerance "
                           f"{cfg.tolerance:g}; the export is wrong for this checkpoint (report it), or "
                           "raise --tolerance if the difference is expected")
-    notes = {}
-    if job.role == "target":  # does a verify call score tokens as plain decoding does? (losslessness)
-        notes["verify_drift"] = parity.verify_drift(backend)
-        log(f"  one verify call vs one decode call per token: max|dlogit| {notes['verify_drift']:.2e}")
-        if job.accuracy_level != 4 and not notes["verify_drift"] <= cfg.tolerance:
-            raise ParityError(f"target: a verify call scores tokens differently from plain decoding by "
-                              f"{notes['verify_drift']:.3g} > tolerance {cfg.tolerance:g}; speculative output "
-                              "would not match plain decoding (report it)")
-    return dataclasses.replace(entry, parity=rep, notes=notes)
+    if job.role != "target":
+        return dataclasses.replace(entry, parity=rep)
+    drift = parity.verify_drift(backend)  # does a verify call score tokens as plain decoding does? (losslessness)
+    log(f"  one verify call vs one decode call per token: max|dlogit| {drift:.2e}")
+    if job.accuracy_level != 4 and not drift <= cfg.tolerance:
+        raise ParityError(f"target: a verify call scores tokens differently from plain decoding by {drift:.3g} > "
+                          f"tolerance {cfg.tolerance:g}; speculative output would not match plain decoding (report it)")
+    return dataclasses.replace(entry, parity=rep, verify_drift=drift)
 
 
 def _export_and_check(cfg: BuildConfig, root: Path, job: ModelJob, timings: dict, log) -> ModelEntry:
@@ -300,9 +299,8 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         q = _export_and_check(cfg, root, dataclasses.replace(
             target, kind=cfg.target_quant, source={**fp32.source, "quantised": cfg.target_quant}, quant_of="target",
             graph_file=f"target.{cfg.target_quant}.onnx", accuracy_level=4 if int8 else 1), timings, log)
-        entries["target"] = dataclasses.replace(q, notes={**q.notes, "float32_graph_parity": fp32.parity,
-                                                          "activations": cfg.target_activations,
-                                                          "speculative": not int8})
+        entries["target"] = dataclasses.replace(q, float32_graph_parity=fp32.parity, activations=cfg.target_activations,
+                                                speculative=not int8)
         (root / "target.onnx").unlink()
         (root / "target.onnx.data").unlink()
     if cfg.engine:

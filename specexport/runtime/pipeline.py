@@ -82,7 +82,7 @@ class Pipeline:
         max_new_tokens, k, draft, temperature, top_k, top_p, seed, sampler, ngram = validate.options(
             max_new_tokens, k, draft, temperature, top_k, top_p, seed, sampler, ngram)
         ks = self.target.entry.verify_ks()
-        speculative = self.target.entry.notes.get("speculative", True)
+        speculative = self.target.entry.speculative
         if draft is None:
             # a draft model is worth its cost when it is a separate small checkpoint; a self-draft (int4/int8 copy
             # or early-exit slice of the target) costs ~half a target step per drafted token on CPU: even reading
@@ -90,9 +90,10 @@ class Pipeline:
             separate = self.draft is not None and self.draft.entry.kind == "checkpoint"
             draft = "none" if not speculative else "model" if separate else "recycle"
         if draft != "none" and not speculative:
-            raise ValueError(f"this bundle's target computes with {self.target.entry.notes.get('activations')} "
+            drift = self.target.entry.verify_drift
+            raise ValueError(f"this bundle's target computes with {self.target.entry.activations} "
                              "activations: a verify call scores tokens differently from plain decoding (max "
-                             f"|dlogit| {self.target.entry.notes.get('verify_drift', float('nan')):.2g}), so "
+                             f"|dlogit| {float('nan') if drift is None else drift:.2g}), so "
                              "speculation would not be lossless; use draft='none', or rebuild with "
                              "--target-activations float32")
         if draft == "model" and self.draft is None:
@@ -168,7 +169,7 @@ class Pipeline:
             raise OptionError("the batching engine drafts without a model (recycle, ngram or none); "
                               "draft='model' runs through Pipeline.generate / stream")
         if opts.get("draft") is None:
-            opts = {**opts, "draft": "recycle" if self.target.entry.notes.get("speculative", True) else "none"}
+            opts = {**opts, "draft": "recycle" if self.target.entry.speculative else "none"}
         cfg = self.config(**opts)
         ids = self.encode(prompt, chat)
         self._check_fits(ids, cfg)
