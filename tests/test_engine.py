@@ -41,6 +41,22 @@ def test_batch_matches_solo_greedy(bundles, attention):
         assert any(T > 1 for (B, T) in pipe.engine.costs.seen if B > 1), pipe.engine.costs.seen
 
 
+@pytest.mark.parametrize("attention", ["fused", "portable"])
+def test_batched_first_prefill_chunks(bundles, attention):
+    """Requests admitted together prefill their first chunks in one call (rows at n = 0, padded to the
+    longest); a request admitted while others decode joins a run of free rows. Every output == solo."""
+    pipe = specexport.load(bundles[attention])
+    prompts = [(p * 4)[:40 + 6 * i] for i, p in enumerate(PROMPTS)]  # most prompts longer than one chunk (8): later chunks run single-row
+    want = [solo(pipe, p, max_new_tokens=12) for p in prompts]
+    eng = pipe.start_engine(max_batch=4, max_queue=8)
+    eng._thread = True  # drive the loop by hand: every request below is waiting at the first step
+    cs = [pipe.submit(p, max_new_tokens=12, draft=d, k=k) for p, (d, k) in zip(prompts, DRAFTS)]
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in cs] == want
+    assert sum(k * v for k, v in eng.counters["prefill_batch"].items()) >= 4, eng.counters  # >= 4 rows batched
+
+
 def test_staggered_arrivals_and_cancel(bundles):
     pipe = specexport.load(bundles["portable"])
     want = {p: solo(pipe, p, max_new_tokens=30) for p in PROMPTS[:4]}

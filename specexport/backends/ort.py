@@ -119,31 +119,39 @@ class OrtBackend(BackendBase):
     # ---- many sequences per call (the engine)
     def batch_ts(self, B: int) -> list[int]:
         """The T values a call of B rows can run: every profile, but T=1 only for B > 1 with fused attention
-        (onnxruntime's GroupQueryAttention refuses several new tokens per row when a batch has a past)."""
+        (onnxruntime's GroupQueryAttention refuses several new tokens per row when a batch has a past; a
+        first prefill chunk, every row at n = 0, is the exception: see `step_batch`)."""
         ts = sorted(self.profile_ts)
         return [1] if self.fused and B > 1 else ts
 
     def step_batch(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray,
-                   new_mask: np.ndarray | None = None) -> StepOut:
-        """One call for pool rows [0, B): ids and positions [B,T], new_mask [B,T,T] (default causal). Row b
-        attends over its own pool.n[b] committed slots and its new tokens; rows with nothing to do are fed
-        padding (their writes land in free slots past n[b], never committed). -> logits [B,T,V], new_kv
-        [L,2,B,Hkv,T,D], top ids [B,T,k] (fused); nothing is committed."""
+                   new_mask: np.ndarray | None = None, first: int = 0, rows=None) -> StepOut:
+        """One call for pool rows [first, first+B): ids and positions [B,T], new_mask [B,T,T] (default
+        causal). Row b attends over its own committed slots and its new tokens; rows with nothing to do are
+        fed padding (their writes land in free slots past their n, never committed). `rows`: the T indices
+        that get logits in every row (default all). -> logits [B,R,V], new_kv [L,2,B,Hkv,T,D], top ids
+        [B,R,k] (fused); nothing is committed.
+
+        T > 1 with B > 1 on a fused graph only when every row is at n = 0 (first prefill chunks: the node's
+        "first prompt" mode, which takes a batch)."""
         B, T = ids.shape
-        if B not in self.batch_sizes or T not in self.batch_ts(B):
-            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} (batch sizes "
-                             f"{self.batch_sizes}, T {self.batch_ts(B)} at B={B})")
-        n = pool.n[:B].astype(np.int64)
+        n = pool.n[first:first + B].astype(np.int64)
+        prefill = self.fused and B > 1 and T in self.profile_ts and not n.any()
+        if B not in self.batch_sizes or (T not in self.batch_ts(B) and not prefill) or first + B > pool.rows:
+            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. (batch "
+                             f"sizes {self.batch_sizes}, T {self.batch_ts(B)} at B={B}, T>1 at B>1 on first "
+                             f"prefill chunks only)")
         pool.reserve(int(n.max()) + T)
         if new_mask is None:
             new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
+        pick = None if rows is None else np.asarray(rows, dtype=np.int64)
         if not self.fused:
             feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
                      "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
-            feeds.update(zip(self.kv_names, pool.views(B)))
+            feeds.update(zip(self.kv_names, pool.views(B, first)))
             t = time.perf_counter()
             logits, new_kv = self.session.run(None, feeds)
-            return StepOut(logits, new_kv, time.perf_counter() - t)
+            return StepOut(logits if pick is None else logits[:, pick], new_kv, time.perf_counter() - t)
         total = int(n.max()) + T
         bias = np.full((B, 1, T, total), -np.inf, dtype=np.float32)
         for b in range(B):  # cached slots [0, n_b) visible, then the new tokens as new_mask says
@@ -152,25 +160,29 @@ class OrtBackend(BackendBase):
         feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64), "attn_bias": bias,
                  "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
         if self.row_input:
-            feeds["logit_rows"] = np.arange(T, dtype=np.int64)
+            feeds["logit_rows"] = np.arange(T, dtype=np.int64) if pick is None else pick
+        R = len(feeds["logit_rows"]) if self.row_input else T
         L, Hkv, D = self.dims
-        outs = {"logits": np.empty((B, T, self.vocab), dtype=np.float32),
+        outs = {"logits": np.empty((B, R, self.vocab), dtype=np.float32),
                 "new_kv": np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)}
         if self.top_k:
-            outs["top_ids"] = np.empty((B, T, self.top_k), dtype=np.int64)
-        run_s = self._run_bound(self._pool_binding(pool, B), feeds, outs)
-        return StepOut(outs["logits"], outs["new_kv"], run_s, outs.get("top_ids"))
+            outs["top_ids"] = np.empty((B, R, self.top_k), dtype=np.int64)
+        run_s = self._run_bound(self._pool_binding(pool, B, first), feeds, outs)
+        logits, top = outs["logits"], outs.get("top_ids")
+        if pick is not None and not self.row_input:
+            logits, top = logits[:, pick], None if top is None else top[:, pick]
+        return StepOut(logits, outs["new_kv"], run_s, top)
 
-    def _pool_binding(self, pool: KVPool, B: int):
-        """An IO binding with rows [0, B) of the pool bound (no copy) as past and present of every layer; kept
-        until the pool's buffer is reallocated."""
+    def _pool_binding(self, pool: KVPool, B: int, first: int = 0):
+        """An IO binding with rows [first, first+B) of the pool bound (no copy) as past and present of every
+        layer; kept until the pool's buffer is reallocated."""
         import onnxruntime as ort
 
-        key = (id(self), B)
+        key = (id(self), B, first)
         io = pool.scratch.get(key)
         if io is None:
             io = self.session.io_binding()
-            for name, view in zip(self.kv_names, pool.views(B)):
+            for name, view in zip(self.kv_names, pool.views(B, first)):
                 ov = ort.OrtValue.ortvalue_from_numpy(view)
                 io.bind_ortvalue_input(name, ov)
                 io.bind_ortvalue_output("present_" + name[len("past_"):], ov)

@@ -53,6 +53,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help="requests per second of the Poisson arrivals")
     p.add_argument("--requests", type=int, default=None,
                    help="load mode: requests per level (default: the selected questions, at least the level)")
+    p.add_argument("--prefill-budget", type=int, default=None, metavar="TOKENS",
+                   help="load mode: the engine's prompt tokens per iteration while others decode (default: the "
+                        "engine's, 4 prefill chunks)")
     return p
 
 
@@ -67,7 +70,8 @@ def main(argv=None) -> int:
                       repeats=a.repeats, noise=a.noise, ortgenai_model=a.ortgenai_model, gguf=a.gguf,
                       ov_model=a.ov_model, ov_int4_model=a.ov_int4_model, extra_bundles=tuple(a.extra_bundle),
                       temperature=a.temperature, top_p=a.top_p, seed=a.seed, concurrency=a.concurrency,
-                      arrival=a.arrival, rate=a.rate, requests=a.requests)
+                      arrival=a.arrival, rate=a.rate, requests=a.requests,
+                      prefill_budget=a.prefill_budget)
     out = Path(cfg.out)
 
     def log(s):

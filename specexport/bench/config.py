@@ -75,6 +75,7 @@ class BenchConfig:
     arrival: Arrival = "burst"
     rate: float | None = None  # requests per second of the Poisson arrivals
     requests: int | None = None  # requests per level (default: every selected question, at least the level)
+    prefill_budget: int | None = None  # the engine's prompt tokens per iteration while others decode (None: its default)
 
     def __post_init__(self):
         SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed)  # the runtime's own checks
@@ -90,6 +91,8 @@ class BenchConfig:
             raise ValueError(f"--arrival must be burst or poisson, got {self.arrival!r}")
         if self.arrival == "poisson" and not (self.rate and self.rate > 0):
             raise ValueError("--arrival poisson needs --rate R (requests per second, > 0)")
+        if self.prefill_budget is not None and self.prefill_budget < 1:
+            raise ValueError(f"--prefill-budget must be >= 1, got {self.prefill_budget}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         for spec in self.extra_bundles:

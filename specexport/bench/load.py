@@ -74,7 +74,7 @@ class Load:
         pipe, n = self.pipes[tag], self.cfg.max_new_tokens
         biggest = max(pipe.manifest.batch_sizes)
         pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])  # each run learns from nothing
-        pipe.start_engine(max_batch=min(level, biggest), max_queue=len(prompts))
+        pipe.start_engine(max_batch=min(level, biggest), max_queue=len(prompts), prefill_budget=self.cfg.prefill_budget)
         pipe.submit(prompts[0][:16], max_new_tokens=2, draft=draft, k=k, **self.sampling).wait()  # warm-up
         out: list = [None] * len(prompts)
 
@@ -102,7 +102,8 @@ class Load:
         st = pipe.engine.stats()
         pipe.close()
         return out, {"t0": t0, "max_batch": min(level, biggest), "batch": st.get("batch"),
-                     "pool_bytes": st.get("pool_bytes"), "steps": st.get("steps")}
+                     "pool_bytes": st.get("pool_bytes"), "steps": st.get("steps"),
+                     "prefill_batch": st.get("prefill_batch"), "prefill_budget": st.get("prefill_budget")}
 
     # ---- OpenVINO GenAI: its continuous batching pipeline
     def openvino(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:

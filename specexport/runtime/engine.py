@@ -27,6 +27,9 @@ from .prefill import feed_chunk
 from .text import TextStream
 
 _DONE = object()
+# default prefill budget per iteration, in prefill chunks: a batched call of this many first chunks costs
+# ~0.75x as many single-row chunks (SmolLM2, 2 cores), and stalls the decoding requests for one such call
+PREFILL_CHUNKS = 4
 
 
 class Completion:
@@ -104,8 +107,9 @@ class Engine:
 
     One loop (its own thread, or `step()` called by hand) that, per iteration:
       1. admits waiting requests into free pool rows (at most `max_batch` run at once, `max_queue` wait);
-      2. runs prefill chunks of admitted requests, at most `prefill_budget` tokens per iteration, so a long
-         prompt interleaves with everyone else's decode steps instead of stalling them;
+      2. runs prefill chunks of admitted requests, at most `prefill_budget` tokens per iteration (default
+         4 chunks; no limit while nothing decodes), so a long prompt interleaves with everyone else's decode
+         steps instead of stalling them; first chunks of requests on neighbouring rows run as one call;
       3. lets every decoding request draft its own tree (recycle), chain (ngram) or nothing (none), pads
          them to one built (B, T) profile and runs ONE target call for all of them;
       4. accepts per row (greedy, Gumbel, rejection: runtime/accept), commits per row (a row that accepts
@@ -130,7 +134,7 @@ class Engine:
         self.batch_sizes = [b for b in built if b <= max_batch] or [1]
         if self.batch_sizes[-1] < max_batch:
             self.batch_sizes.append(next(b for b in built if b >= max_batch))
-        self.prefill_budget = prefill_budget or target.entry.profiles.get("prefill", 1)
+        self.prefill_budget = prefill_budget or PREFILL_CHUNKS * target.entry.profiles.get("prefill", 1)
         self.pool = target.new_pool(self.batch_sizes[-1])
         self.costs = StepCosts()
         self._lock = threading.Lock()
@@ -139,7 +143,7 @@ class Engine:
         self._active: list[Sequence] = []  # admitted: prefilling or decoding
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.counters = {"steps": 0, "tokens": 0, "finished": {}, "batch": {}}
+        self.counters = {"steps": 0, "tokens": 0, "finished": {}, "batch": {}, "prefill_batch": {}}
 
     # ---- any thread
     def submit(self, c: Completion) -> Completion:
@@ -168,7 +172,8 @@ class Engine:
             return {"running": len(self._active), "decoding": decoding, "queued": len(self._waiting),
                     "max_batch": self.max_batch, "max_queue": self.max_queue, "steps": self.counters["steps"],
                     "tokens": self.counters["tokens"], "finished": dict(self.counters["finished"]),
-                    "batch": dict(self.counters["batch"]), "pool_slots": self.pool.S,
+                    "batch": dict(self.counters["batch"]), "prefill_batch": dict(self.counters["prefill_batch"]),
+                    "prefill_budget": self.prefill_budget, "pool_slots": self.pool.S,
                     "pool_bytes": int(self.pool.data.nbytes)}
 
     def close(self, timeout: float | None = None) -> bool:
@@ -230,10 +235,23 @@ class Engine:
                 s.row = self.pool.acquire()
                 s.cache = self.pool.row(s.row)
                 self._active.append(s)
+                self.pool.reserve(self._room())  # one growth per admission, not one per bucket on the way
+
+    def _room(self) -> int:
+        """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
+        pool is sized to it at admission and shrinks to it as requests leave (each resize copies the pool)."""
+        T = max(self.target.profile_ts)
+        need = max((s.c.generation.stats.prompt_tokens + s.cfg.max_new_tokens + T for s in self._active), default=1)
+        return min(need, self.pool.buckets[-1])
 
     def _prefill(self, pre: list[Sequence]) -> None:
-        """Prefill chunks (single-row calls on the request's pool row) up to the budget, oldest first."""
-        budget = self.prefill_budget
+        """Prefill chunks up to the budget, oldest first: the first chunks of requests on neighbouring rows
+        as one batched call (`_first_chunks`), the rest as single-row calls on the request's pool row."""
+        # nothing decodes yet (a burst's start): nobody waits on prefill, so the budget does not apply
+        budget = self.prefill_budget if len(pre) < len(self._active) else 1 << 30
+        group = self._first_chunks(pre, budget)
+        if group:
+            budget -= self._prefill_batch(*group)
         for s in pre:
             prompt = s.ids[:s.c.generation.stats.prompt_tokens - 1]
             while budget > 0 and s.fed < len(prompt):
@@ -243,6 +261,48 @@ class Engine:
                 budget -= r
             if budget <= 0:
                 return
+
+    def _first_chunks(self, pre: list[Sequence], budget: int):
+        """-> (first row, B, requests) for one batched call of first prefill chunks, or None. A fused graph
+        runs several new tokens per row at B > 1 only when every row of the call is at n = 0 (onnxruntime's
+        GroupQueryAttention "first prompt" mode), so the call covers a run of rows [first, first+B) that
+        holds only such requests and free rows (n = 0 too; their padding is never committed). The largest
+        group whose chunks fit the budget wins."""
+        chunk = self.target.entry.profiles.get("prefill", 1)
+        cands = sorted((s for s in pre if s.fed == 0), key=lambda s: s.row)
+        if len(cands) < 2 or chunk < 2:
+            return None
+        busy = {s.row for s in self._active} - {s.row for s in cands}
+        best = None
+        for r0 in [s.row for s in cands]:
+            for B in (b for b in self.batch_sizes if b > 1):
+                if r0 + B > self.pool.rows or busy & set(range(r0, r0 + B)):
+                    break
+                g = [s for s in cands if r0 <= s.row < r0 + B]
+                if len(g) * chunk > max(budget, chunk) and len(g) > 1:  # a single chunk always fits
+                    break
+                if len(g) > 1 and (best is None or len(g) > len(best[2])):
+                    best = (r0, B, g)
+        return best
+
+    def _prefill_batch(self, r0: int, B: int, group: list[Sequence]) -> int:
+        """Run the first chunk of every request in `group` (rows r0.. of a B-row call) -> tokens fed. Only one
+        logit row is computed: prefill feeds prompt[:-1], whose logits nobody reads."""
+        chunk = self.target.entry.profiles["prefill"]
+        lens = [min(s.c.generation.stats.prompt_tokens - 1, chunk) for s in group]
+        T = min(t for t in self.target.profile_ts if t >= max(lens))
+        ids = np.zeros((B, T), dtype=np.int64)
+        for s, r in zip(group, lens):
+            ids[s.row - r0, :r] = s.ids[:r]
+        out = self.target.step_batch(self.pool, ids, np.broadcast_to(np.arange(T), (B, T)).copy(),
+                                     first=r0, rows=[0])
+        pb = self.counters["prefill_batch"]
+        pb[len(group)] = pb.get(len(group), 0) + 1
+        for s, r in zip(group, lens):
+            self.pool.commit(s.row, out.new_kv, s.row - r0, range(r))
+            s.fed = r
+            s.c.generation.stats.prefill_s += out.run_s  # the call's time: this request waited all of it
+        return sum(lens)
 
     def _decode(self, dec: list[Sequence]) -> None:
         trees = []
@@ -268,7 +328,7 @@ class Engine:
                 self._accept(s, t, T, out)
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
-        self.pool.shrink(int(self.pool.n.max()) + max(self.target.profile_ts) + 1)
+        self.pool.shrink(self._room())
 
     def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k

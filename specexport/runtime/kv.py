@@ -106,7 +106,9 @@ class KVPool:
         self.free.append(r)
 
     def _resize(self, S: int) -> None:
-        keep = min(S, self.S)
+        # only the committed slots move (slots past every row's n hold nothing anyone reads back); the rest
+        # of the new buffer stays zero, so a portable graph's masked reads of free slots see finite values
+        keep = min(S, self.S, int(self.n.max()))
         grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
         grown[:, :, :, :, :keep] = self.data[:, :, :, :, :keep]
         self.data, self.S = grown, S
@@ -126,10 +128,10 @@ class KVPool:
         if b < self.S and 2 * need <= b:
             self._resize(b)
 
-    def views(self, B: int) -> list[np.ndarray]:
-        """past_key.0, past_value.0, ...: zero-copy [B,Hkv,S,D] views of rows [0, B)."""
+    def views(self, B: int, first: int = 0) -> list[np.ndarray]:
+        """past_key.0, past_value.0, ...: zero-copy [B,Hkv,S,D] views of rows [first, first+B)."""
         L = self.data.shape[0]
-        return [self.data[i, j, :B] for i in range(L) for j in (0, 1)]
+        return [self.data[i, j, first:first + B] for i in range(L) for j in (0, 1)]
 
     def commit(self, r: int, new_kv: np.ndarray, b: int, rows) -> None:
         """Write new_kv[:, :, b] rows `rows` (indices into T) at row r's positions n[r], n[r]+1, ..."""
