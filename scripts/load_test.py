@@ -38,6 +38,7 @@ class LoadConfig:
     bundle: str
     questions: str = str(QUESTIONS)
     requests: int = 200
+    distinct: int | None = None  # distinct prompts, cycled to `requests` (None: up to `requests`)
     concurrency: int = 16
     max_tokens: int = 128
     max_batch: int | None = None  # server's --max-batch (None: the bundle's largest batch)
@@ -68,7 +69,7 @@ def prompts(cfg: LoadConfig, pipe) -> tuple[list[list[dict]], int]:
             chosen.append(m)
         else:
             skipped += 1
-        if len(chosen) == cfg.requests:
+        if len(chosen) == (cfg.distinct or cfg.requests):
             break
     return [chosen[i % len(chosen)] for i in range(cfg.requests)], skipped
 
@@ -198,6 +199,9 @@ def main(argv=None) -> int:
     p.add_argument("bundle")
     p.add_argument("--questions", default=str(QUESTIONS))
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--distinct", type=int, default=None,
+                   help="distinct prompts, cycled to --requests (default: up to --requests; fewer makes the solo "
+                        "reference pass shorter)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-batch", type=int, default=None)
@@ -209,7 +213,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-check", action="store_true", help="skip the solo pass and the output comparison")
     p.add_argument("--out", default="", help="append the JSON record to this file")
     a = p.parse_args(argv)
-    cfg = LoadConfig(bundle=a.bundle, questions=a.questions, requests=a.requests, concurrency=a.concurrency,
+    cfg = LoadConfig(bundle=a.bundle, questions=a.questions, requests=a.requests, distinct=a.distinct,
+                     concurrency=a.concurrency,
                      max_tokens=a.max_tokens, max_batch=a.max_batch, max_queue=a.max_queue, draft=a.draft,
                      threads=a.threads, url=a.url, model=a.model, check=not a.no_check, out=a.out)
     rec = run(cfg)
