@@ -305,11 +305,12 @@ class Engine:
         return sum(lens)
 
     def _decode(self, dec: list[Sequence]) -> None:
+        B = next(b for b in self.batch_sizes if b > max(s.row for s in dec))
+        verify = max(self.target.batch_ts(B)) > 1  # a fused graph's B > 1 call runs T = 1: nothing to draft
         trees = []
         for s in dec:
-            room = s.cfg.max_new_tokens - s.emitted - 1  # drafts beyond this could not be emitted
+            room = s.cfg.max_new_tokens - s.emitted - 1 if verify else 0  # drafts beyond this could not be emitted
             trees.append(self._draft(s, room))
-        B = next(b for b in self.batch_sizes if b > max(s.row for s in dec))
         T = self._choose_T(B, dec, trees)
         ids = np.zeros((B, T), dtype=np.int64)
         pos = np.zeros((B, T), dtype=np.int64)
