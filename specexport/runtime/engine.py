@@ -240,7 +240,7 @@ class Engine:
     def _room(self) -> int:
         """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
         pool is sized to it at admission and shrinks to it as requests leave (each resize copies the pool)."""
-        T = max(self.target.profile_ts)
+        T = max(t for name, t in self.target.entry.profiles.items() if name != "prefill")  # a decode step's most rows
         need = max((s.c.generation.stats.prompt_tokens + s.cfg.max_new_tokens + T for s in self._active), default=1)
         return min(need, self.pool.buckets[-1])
 
