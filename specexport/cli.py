@@ -27,7 +27,8 @@ def cmd_build(a) -> int:
                       target_quant=a.quantize_target, target_activations=a.target_activations,
                       engine=a.engine, engine_precision=a.engine_precision, attention=a.attention,
                       batch_sizes=a.batch)
-    m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)))
+    m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)),
+              progress=sys.stderr.isatty() and not a.quiet)
     if not a.quiet:
         print(describe(m, Path(a.out)))
     return 0
@@ -72,7 +73,7 @@ def cmd_generate(a) -> int:
 def cmd_fetch(a) -> int:
     from .exporter.models import fetch_smollm2
 
-    fetch_smollm2(Path(a.out))
+    fetch_smollm2(Path(a.out), log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)))
     return 0
 
 
@@ -216,7 +217,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 # extras that hold a missing module (pyproject.toml): a runtime-only install answers with the one to add
-EXTRAS = {"build": ("torch", "transformers", "onnx", "onnxscript", "onnx_ir", "safetensors", "gguf", "accelerate"),
+EXTRAS = {"build": ("torch", "transformers", "onnx", "onnxscript", "onnx_ir", "safetensors", "gguf", "accelerate",
+                    "tqdm"),
           "bench": ("matplotlib", "onnxruntime_genai"), "serve": ("fastapi", "uvicorn", "starlette", "ray")}
 
 

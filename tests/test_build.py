@@ -214,6 +214,76 @@ def test_cli_build_inspect_generate(ckpts, tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
 
 
+def _cli_build(args: list, tty_stderr: bool) -> tuple[int, str, str]:
+    """`specexport build ARGS` in a fresh process (third-party warnings that come once per process do come)
+    -> (status, stdout, stderr); stderr on a 100-column terminal if tty_stderr, else a pipe."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import threading
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "specexport.cli", *args]
+    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
+    root = Path(__file__).resolve().parents[1]
+    if not tty_stderr:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+        return p.returncode, p.stdout, p.stderr
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, cwd=root, env=env)
+    os.close(slave)
+    chunks = []
+
+    def read():
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the terminal's other side is closed
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out = p.stdout.read()
+    p.wait(600)
+    reader.join(10)
+    os.close(master)
+    return p.returncode, out, b"".join(chunks).decode(errors="replace")
+
+
+def test_build_output_own_lines_bars_on_a_terminal_no_third_party_noise(ckpts, tmp_path):
+    """stdout holds the build's own lines; stderr nothing when it is not a terminal (no transformers progress
+    bar, no torch.onnx or onnxruntime warning); on a terminal, tqdm bars name each long stage, with the same
+    lines on stdout; --verbose lets the third-party output through."""
+    import re
+
+    args = ["build", "--target", str(ckpts["target"]), "--draft", "self:int8", "--k", "2", "--capacity", "64",
+            "--prefill-chunk", "8", "--batch", "1,2"]
+    rc, out, err = _cli_build(args + ["--out", str(tmp_path / "a")], tty_stderr=False)
+    assert rc == 0 and err == "", err[-2000:]
+    lines = out.splitlines()
+    assert lines[1:3] == ["[target] exporting 3-layer graph (B, T symbolic, S=64) ...", lines[2]]
+    assert re.fullmatch(r"  \d+\.\d s", lines[2]) and any(x.startswith("built in ") for x in lines)
+    rc, out_tty, err_tty = _cli_build(["--verbose"] + args + ["--out", str(tmp_path / "b")], tty_stderr=True)
+    assert rc == 0
+    for stage in ("[target] export", "[target] parity decode", "[target] parity batch B=2", "[target] parity verify drift",
+                  "[draft] quantise", "[draft] parity prefill"):
+        assert stage in err_tty, (stage, err_tty[-2000:])
+    assert "Loading weights" in err_tty  # transformers' own bar: third-party output, shown with --verbose
+
+    def shape(text):  # the lines without their measured numbers
+        return [re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", x) for x in text.splitlines()]
+
+    assert shape(out_tty) == shape(out)
+
+
 def test_quantized_target(ckpts, tmp_path):
     import specexport
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import time
@@ -20,6 +21,9 @@ from .. import __version__, bundle
 from ..bundle import Activations, Attention, Manifest, ModelEntry
 from ..errors import BuildError, BundleError, SpecExportError
 from . import output
+from .progress import Bars, third_party_quiet
+
+logger = logging.getLogger("specexport.build")
 
 DRAFT_HELP = ("a checkpoint (directory, short name or cached hub id), or a draft derived from the target: "
               "self:layers=N (early exit: first N layers + final norm + head), self:int4 or self:int8 "
@@ -121,10 +125,13 @@ class ParityError(RuntimeError):
     pass
 
 
-def build(cfg: BuildConfig, log=print) -> Manifest:
+def build(cfg: BuildConfig, log=None, progress: bool = False) -> Manifest:
     """Build the bundle into a work directory beside cfg.out and move it there complete (exporter/output.py:
-    stale leftovers, the atomic --force swap, signals, permissions, disk errors)."""
+    stale leftovers, the atomic --force swap, signals, permissions, disk errors). `log` takes the build's
+    lines (default: this module's logger at INFO); `progress`: tqdm bars on stderr over the long stages."""
     cfg = cfg.resolved()
+    bars = Bars(progress)
+    log = bars.writer(log or logger.info)
     out = Path(cfg.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,8 +146,8 @@ def build(cfg: BuildConfig, log=print) -> Manifest:
         with output.interrupts_as_keyboard_interrupt(), output.workdir(out) as work:
             root = work / "bundle"
             root.mkdir()
-            with output.temp_env(work / "tmp"):
-                manifest = _build_into(cfg, root, log)
+            with output.temp_env(work / "tmp"), third_party_quiet():
+                manifest = _build_into(cfg, root, log, bars)
             manifest = _seal(root, manifest, umask)
             output.move_into_place(root, out, work)
         return manifest
@@ -151,6 +158,8 @@ def build(cfg: BuildConfig, log=print) -> Manifest:
         if err is None:
             raise
         raise err from None
+    finally:
+        bars.close()  # a bar left by a failed stage, before the error is printed
 
 
 def _seal(root: Path, m: Manifest, umask: int) -> Manifest:
@@ -214,15 +223,16 @@ def _export(cfg: BuildConfig, root: Path, job: ModelJob, log) -> ModelEntry:
                       parity_tolerance=None if job.quant_of else cfg.tolerance, attention=cfg.attention)
 
 
-def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log) -> ModelEntry:
+def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log, step) -> ModelEntry:
     """Every profile (and the largest batch, for the target) against transformers eager; for the target, a
     verify call against decode calls (losslessness) -> the entry with its parity report and verify drift."""
     from ..backends.ort import OrtBackend
     from . import parity
 
     backend = OrtBackend(root, entry, bundle.buckets_for(cfg.capacity), batch_sizes=sorted(cfg.batch_sizes))
-    rep = parity.check(job.hf, backend, layers=job.layers)
+    rep = parity.check(job.hf, backend, layers=job.layers, tick=step)
     if job.role == "target" and max(cfg.batch_sizes) > 1:  # rows at different cache lengths, row by row
+        step(f"batch B={max(cfg.batch_sizes)}")
         rep.update(parity.check_batch(job.hf, backend, max(cfg.batch_sizes), layers=job.layers))
     for name, r in rep.items():
         log(f"  {name:16s} T={r['T']:<3d} S={r['S']:<5d} max|dlogit| {r['max_abs']:.2e}  top-1 agreement {r['top1']:.2f}")
@@ -233,6 +243,7 @@ def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log) 
                           "raise --tolerance if the difference is expected")
     if job.role != "target":
         return dataclasses.replace(entry, parity=rep)
+    step("verify drift")
     drift = parity.verify_drift(backend)  # does a verify call score tokens as plain decoding does? (losslessness)
     log(f"  one verify call vs one decode call per token: max|dlogit| {drift:.2e}")
     if job.accuracy_level != 4 and not drift <= cfg.tolerance:
@@ -241,15 +252,19 @@ def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log) 
     return dataclasses.replace(entry, parity=rep, verify_drift=drift)
 
 
-def _export_and_check(cfg: BuildConfig, root: Path, job: ModelJob, timings: dict, log) -> ModelEntry:
+def _export_and_check(cfg: BuildConfig, root: Path, job: ModelJob, timings: dict, log, bars: Bars) -> ModelEntry:
+    target = job.role == "target"
+    bars.start(f"[{job.role}]", 1 + len(job.profiles) + 1 + (target and max(cfg.batch_sizes) > 1) + target)
+    bars.step(f"[{job.role}] {'export' if job.quant_of is None else 'quantise'}")
     t = time.perf_counter()
     entry = _export(cfg, root, job, log)
     timings[f"{job.role}_export_s"] = round(time.perf_counter() - t, 1)
     log(f"  {timings[f'{job.role}_export_s']:.1f} s")
     t = time.perf_counter()
     log(f"[{job.role}] parity vs transformers eager on profiles {job.profiles} ...")
-    entry = _check(cfg, root, job, entry, log)
+    entry = _check(cfg, root, job, entry, log, lambda name: bars.step(f"[{job.role}] parity {name}"))
     timings[f"{job.role}_parity_s"] = round(time.perf_counter() - t, 1)
+    bars.close()
     log(f"  {timings[f'{job.role}_parity_s']:.1f} s")
     return entry
 
@@ -274,7 +289,7 @@ def _draft_job(cfg: BuildConfig, t_path: Path, t_hf, t_gc, log) -> ModelJob | No
     return None
 
 
-def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
+def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
     import torch
 
     from ..graphs import config as gconfig
@@ -287,10 +302,10 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
     t_gc = gconfig.from_hf(t_hf)
     target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk, **{f"verify_{k}": k + 1 for k in sorted(cfg.ks)}}
     target = ModelJob("target", "checkpoint", {"name": cfg.target, "path": str(t_path)}, t_hf, t_gc, target_profiles)
-    entries = {"target": _export_and_check(cfg, root, target, timings, log)}
+    entries = {"target": _export_and_check(cfg, root, target, timings, log, bars)}
     draft = _draft_job(cfg, t_path, t_hf, t_gc, log)
     if draft is not None:
-        entries["draft"] = _export_and_check(cfg, root, draft, timings, log)
+        entries["draft"] = _export_and_check(cfg, root, draft, timings, log, bars)
     if cfg.target_quant:  # after the drafts: a self:int4/int8 draft is cut from the float32 target graph
         # float32 activations (level 1) keep speculation lossless; int8 (level 4) quantises each row's activations
         # and one float rounding difference between a verify and a decode call flips a quantisation step that
@@ -298,7 +313,7 @@ def _build_into(cfg: BuildConfig, root: Path, log) -> Manifest:
         fp32, int8 = entries["target"], cfg.target_activations == "int8"
         q = _export_and_check(cfg, root, dataclasses.replace(
             target, kind=cfg.target_quant, source={**fp32.source, "quantised": cfg.target_quant}, quant_of="target",
-            graph_file=f"target.{cfg.target_quant}.onnx", accuracy_level=4 if int8 else 1), timings, log)
+            graph_file=f"target.{cfg.target_quant}.onnx", accuracy_level=4 if int8 else 1), timings, log, bars)
         entries["target"] = dataclasses.replace(q, float32_graph_parity=fp32.parity, activations=cfg.target_activations,
                                                 speculative=not int8)
         (root / "target.onnx").unlink()

