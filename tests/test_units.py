@@ -225,3 +225,21 @@ def test_step_costs_prices_unmeasured_calls_from_measured_ones():
     # the batch's expected tokens per second decide T: 8 rows each expecting 1.6 tokens from T=5 lose to T=1
     assert c.best(8, [1, 5], lambda T: 8 * (1.6 if T == 5 else 1.0)) == 1
     assert c.best(1, [1, 5], lambda T: 1.6 if T == 5 else 1.0) == 5
+
+
+def test_option_literals_have_one_home():
+    """draft and sampler values: the Literal types of DecodeConfig and SamplingParams are the tuples the
+    configs and the API's argument checks refuse others by."""
+    import typing
+
+    from specexport.runtime import validate
+    from specexport.runtime.decoder import DRAFTS, DecodeConfig
+    from specexport.runtime.sampling import SAMPLERS
+
+    assert typing.get_args(typing.get_type_hints(DecodeConfig)["draft"]) == DRAFTS == validate.DRAFTS
+    assert DRAFTS == ("model", "ngram", "recycle", "none")
+    assert typing.get_args(typing.get_type_hints(SamplingParams)["sampler"]) == SAMPLERS == validate.SAMPLERS
+    with pytest.raises(ValueError, match="draft must be one of model, ngram, recycle, none, got 'tree'"):
+        DecodeConfig(draft="tree")
+    with pytest.raises(ValueError, match="sampler must be one of gumbel, rejection"):
+        SamplingParams(sampler="typical")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Literal, get_args
 
 import numpy as np
 
@@ -22,14 +22,15 @@ from .drafters import NgramDrafter, TreeDrafter
 from .prefill import feed
 from .sampling import SamplingParams
 
-DRAFTS = ("model", "ngram", "recycle", "none")
+Draft = Literal["model", "ngram", "recycle", "none"]  # who proposes: a draft model, prompt lookup, token recycling
+DRAFTS = get_args(Draft)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     max_new_tokens: int = 128
     k: int = 4
-    draft: str = "model"  # model | ngram | recycle | none
+    draft: Draft = "model"
     sampling: SamplingParams = SamplingParams()
     ngram: int = 3  # longest n-gram the ngram drafter matches
     adaptive: bool = False  # choose k per step among the built verify profiles (k is then the largest)

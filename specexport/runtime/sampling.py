@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
-SAMPLERS = ("gumbel", "rejection")
+Sampler = Literal["gumbel", "rejection"]
+SAMPLERS = get_args(Sampler)
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int = 0
-    sampler: str = "gumbel"
+    sampler: Sampler = "gumbel"
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -20,9 +20,9 @@ import numpy as np
 
 from .. import bundle
 from ..errors import BundleError, OptionError
+from .decoder import DRAFTS
+from .sampling import SAMPLERS
 
-DRAFTS = ("model", "ngram", "recycle", "none")
-SAMPLERS = ("gumbel", "rejection")
 BACKENDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch")
 MAX_STOPS = 64
 MAX_TOKENIZER_BYTES = 1 << 30
