@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
                    help="load mode: requests per level (default: the selected questions, at least the level)")
     p.add_argument("--prefill-budget", type=int, default=None, metavar="TOKENS",
                    help="load mode: the engine's prompt tokens per iteration while others decode (default: the "
-                        "engine's, 4 prefill chunks)")
+                        "engine's, one prefill chunk)")
     return p
 
 

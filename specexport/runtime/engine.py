@@ -27,9 +27,9 @@ from .prefill import feed_chunk
 from .text import TextStream
 
 _DONE = object()
-# default prefill budget per iteration, in prefill chunks: a batched call of this many first chunks costs
-# ~0.75x as many single-row chunks (SmolLM2, 2 cores), and stalls the decoding requests for one such call
-PREFILL_CHUNKS = 4
+# default prefill budget per iteration while others decode, in prefill chunks: one chunk keeps their
+# inter-token time within one chunk call (larger budgets measured slower at 8 requests: docs/benchmarks.md)
+PREFILL_CHUNKS = 1
 
 
 class Completion:
@@ -108,7 +108,7 @@ class Engine:
     One loop (its own thread, or `step()` called by hand) that, per iteration:
       1. admits waiting requests into free pool rows (at most `max_batch` run at once, `max_queue` wait);
       2. runs prefill chunks of admitted requests, at most `prefill_budget` tokens per iteration (default
-         4 chunks; no limit while nothing decodes), so a long prompt interleaves with everyone else's decode
+         one chunk; no limit while nothing decodes), so a long prompt interleaves with everyone else's decode
          steps instead of stalling them; first chunks of requests on neighbouring rows run as one call;
       3. lets every decoding request draft its own tree (recycle), chain (ngram) or nothing (none), pads
          them to one built (B, T) profile and runs ONE target call for all of them;

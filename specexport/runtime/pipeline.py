@@ -147,7 +147,7 @@ class Pipeline:
         """(Re)configure the batching engine that `submit` uses: at most `max_batch` requests decode together
         in one target call per step (default: the bundle's largest batch size), at most `max_queue` more
         wait (past that `submit` raises QueueFull); `prefill_budget`: prompt tokens prefilled per step
-        while others decode (default: 4 prefill chunks; no limit while nothing decodes)."""
+        while others decode (default: one prefill chunk; no limit while nothing decodes)."""
         if self._engine is not None:
             self._engine.close()
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
