@@ -30,6 +30,7 @@ _DONE = object()
 # default prefill budget per iteration while others decode, in prefill chunks: one chunk keeps their
 # inter-token time within one chunk call (larger budgets measured slower at 8 requests: docs/benchmarks.md)
 PREFILL_CHUNKS = 1
+ADMIT_GAP_S, ADMIT_MAX_S = 0.010, 0.050  # how an idle engine collects a burst before its first step
 
 
 class Completion:
@@ -197,15 +198,34 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
+                idle = not self._active
                 while not self._waiting and not self._active:
                     if self._closed:
                         return
                     self._wake.wait()
+                if idle:
+                    self._collect_burst()
             try:
                 self.step()
             except BaseException as e:  # noqa: BLE001 -- a failed call ends its requests, never the loop
                 for s in list(self._active):
                     self._retire(s, "error", e)
+
+    def _collect_burst(self) -> None:
+        """Waking from idle (lock held): the requests of one burst come within ms of each other, and their
+        first prefill chunks run as one call only if they are admitted at the same step. Wait while they keep
+        coming (each within ADMIT_GAP_S of the last, ADMIT_MAX_S in all, until max_batch wait); a lone
+        request waits ADMIT_GAP_S."""
+        end = time.perf_counter() + ADMIT_MAX_S
+        n = len(self._waiting)
+        while n < self.max_batch and not self._closed:
+            left = end - time.perf_counter()
+            if left <= 0:
+                return
+            self._wake.wait(min(ADMIT_GAP_S, left))
+            if len(self._waiting) == n:  # nobody came within the gap
+                return
+            n = len(self._waiting)
 
     def step(self) -> bool:
         """One iteration: admit, prefill, one batched decode step, retire. -> whether there was work."""
