@@ -102,7 +102,7 @@ class Load:
         st = pipe.engine.stats()
         pipe.close()
         return out, {"t0": t0, "max_batch": min(level, biggest), "batch": st.get("batch"),
-                     "pool_bytes": st.get("pool_bytes"), "steps": st.get("steps"),
+                     "pool_bytes": st.get("pool_peak_bytes"), "steps": st.get("steps"),
                      "prefill_batch": st.get("prefill_batch"), "prefill_budget": st.get("prefill_budget")}
 
     # ---- OpenVINO GenAI: its continuous batching pipeline

@@ -90,6 +90,7 @@ class KVPool:
         self.data = np.zeros((layers, 2, rows, kv_heads, self.S, head_dim), dtype=dtype)
         self.n = np.zeros(rows, dtype=np.int64)
         self.free = list(range(rows))
+        self.peak_bytes = self.data.nbytes  # the largest the buffer has been
         self.generation = 0  # bumps whenever `data` is reallocated (backends cache bindings per generation)
         self.scratch: dict = {}  # a backend's bindings of this buffer (cleared when it is reallocated)
 
@@ -112,6 +113,7 @@ class KVPool:
         grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
         grown[:, :, :, :, :keep] = self.data[:, :, :, :, :keep]
         self.data, self.S = grown, S
+        self.peak_bytes = max(self.peak_bytes, grown.nbytes)
         self.generation += 1
         self.scratch.clear()
 
