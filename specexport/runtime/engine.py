@@ -299,7 +299,7 @@ class Engine:
                 if r0 + B > self.pool.rows or busy & set(range(r0, r0 + B)):
                     break
                 g = [s for s in cands if r0 <= s.row < r0 + B]
-                if len(g) * chunk > max(budget, chunk) and len(g) > 1:  # a single chunk always fits
+                if len(g) > 1 and len(g) * chunk > budget:
                     break
                 if len(g) > 1 and (best is None or len(g) > len(best[2])):
                     best = (r0, B, g)
