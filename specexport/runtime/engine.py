@@ -255,7 +255,7 @@ class Engine:
                 s.row = self.pool.acquire()
                 s.cache = self.pool.row(s.row)
                 self._active.append(s)
-                self.pool.reserve(self._room())  # one growth per admission, not one per bucket on the way
+            self.pool.reserve(self._room())  # one growth for everyone admitted now, not one per bucket on the way
 
     def _room(self) -> int:
         """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
@@ -299,9 +299,11 @@ class Engine:
                 if r0 + B > self.pool.rows or busy & set(range(r0, r0 + B)):
                     break
                 g = [s for s in cands if r0 <= s.row < r0 + B]
-                if len(g) > 1 and len(g) * chunk > budget:
+                if len(g) < 2:
+                    continue
+                if len(g) * chunk > budget:
                     break
-                if len(g) > 1 and (best is None or len(g) > len(best[2])):
+                if best is None or len(g) > len(best[2]):
                     best = (r0, B, g)
         return best
 
