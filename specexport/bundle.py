@@ -366,8 +366,9 @@ def _check_arch(a, where: str) -> dict:
 
 
 def _check_profiles(p, where: str, S: int, role: str) -> None:
-    """decode (T=1) always; prefill and catchup any T; verify_<k> is T = k+1 (the step feeds the last
-    committed token and k drafts). The runtime runs exactly these T values."""
+    """decode (T=1) always; prefill and catchup any T; prefill_<T> (a long prefill profile) and verify_<k>
+    (T = k+1: the step feeds the last committed token and k drafts) as named. The runtime runs exactly these
+    T values."""
     _obj(p, where, required=("decode",), free=True)
     if not 0 < len(p) <= 64:
         raise _bad(where, "must hold between 1 and 64 profiles", len(p))
@@ -376,8 +377,11 @@ def _check_profiles(p, where: str, S: int, role: str) -> None:
         m = re.fullmatch(r"verify_([1-9][0-9]{0,3})", name)
         if m and T != int(m.group(1)) + 1:
             raise _bad(f"{where}.{name}", f"must be k+1 = {int(m.group(1)) + 1}", T)
-        if not m and name not in ("decode", "prefill", "catchup"):
-            raise _bad(f"{where}.{name}", "is not a profile name (decode, prefill, catchup, verify_<k>)")
+        long = re.fullmatch(r"prefill_([1-9][0-9]{0,5})", name)
+        if long and T != int(long.group(1)):
+            raise _bad(f"{where}.{name}", f"must be {int(long.group(1))}", T)
+        if not m and not long and name not in ("decode", "prefill", "catchup"):
+            raise _bad(f"{where}.{name}", "is not a profile name (decode, prefill, prefill_<T>, catchup, verify_<k>)")
     if p["decode"] != 1:
         raise _bad(f"{where}.decode", "must be 1", p["decode"])
 

@@ -24,6 +24,7 @@ def cmd_build(a) -> int:
 
     cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
+                      long_prefill=None if a.long_prefill is None else tuple(t for t in a.long_prefill if t),
                       target_quant=a.quantize_target, target_activations=a.target_activations,
                       engine=a.engine, engine_precision=a.engine_precision, attention=a.attention,
                       batch_sizes=a.batch)
@@ -124,7 +125,11 @@ def parser() -> argparse.ArgumentParser:
                    "With --attention fused a call of B > 1 rows runs one new token per row (plain decoding); "
                    "--attention portable batches speculative verify calls too")
     b.add_argument("--capacity", type=int, default=2048, help="KV slots S: prompt + new tokens must fit")
-    b.add_argument("--prefill-chunk", type=int, default=64, help="T of the prefill profile")
+    b.add_argument("--prefill-chunk", type=int, default=64, help="T of the prefill profile (the chunk the "
+                   "batching engine interleaves with other requests' decode steps)")
+    b.add_argument("--long-prefill", type=_ks, default=None, help="T of extra prefill profiles for prompts that "
+                   "prefill alone (fewer, larger calls: a shorter time to first token); default 128,256 where they "
+                   "fit half the capacity; 0 for none")
     b.add_argument("--tolerance", type=float, default=1e-3, help="max |logit difference| vs eager allowed")
     b.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
                    help="ship a weight-only quantised target (MatMulNBits); output is exact w.r.t. that target. "

@@ -169,3 +169,34 @@ def test_bench_concurrency_poisson_and_refusals(bundle_noisy, tmp_path, capsys):
     assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--methods", "ov-cb", "--out",
                  str(tmp_path / "o")]) == 2
     assert "--concurrency only" in capsys.readouterr().err
+
+
+def test_bench_ttft_mode(bundle_noisy, tmp_path, capsys):
+    """--ttft: prompts of the given lengths cut from the question texts, one token per method, --repeats
+    rounds; each record's first token is the one the pipeline itself generates from that prompt."""
+    import specexport
+    from specexport.bench.ttft import prompt_stream
+
+    qs = write_questions(tmp_path / "q.jsonl", [("writing", "hello world, hello world " * 20), ("math", "1 2 3 " * 30)])
+    out = tmp_path / "out"
+    methods = ["se-none", "se-recycle-k2"]
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--ttft", "5,30", "--repeats", "2",
+                 "--methods", ",".join(methods), "--out", str(out)]) == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert {(r["prompt_tokens"], r["method"]) for r in records} == {(n, m) for n in (5, 30) for m in methods}
+    assert all(len(r["seconds_runs"]) == 2 and r["seconds"] > 0 and r["same_first_token"] for r in records)
+    pipe = specexport.load(bundle_noisy)
+    ids, at = prompt_stream(pipe, qs, 64 + 2 * 35), 64
+    for rnd in range(2):  # each (round, length) its own stretch of the stream, in the grid's order
+        for n in (5, 30):
+            want = pipe.generate(ids[at:at + n], max_new_tokens=1).token_ids[:1]
+            assert all(r["first_tokens"][rnd] == want for r in records if r["prompt_tokens"] == n)
+            at += n
+    table = (out / "summary.md").read_text()
+    assert "| prompt tokens | se-none | se-recycle-k2 | se-recycle-k2 vs se-none |" in table
+    assert "| 30 | " in table
+    for argv, msg in [(["--ttft", "1"], "lengths >= 2"), (["--ttft", "9", "--concurrency", "1"], "separate modes"),
+                      (["--ttft", "100000"], "hold only")]:
+        assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--methods", "se-none", "--out",
+                     str(tmp_path / "o"), *argv]) == 2
+        assert msg in capsys.readouterr().err

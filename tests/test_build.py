@@ -138,6 +138,7 @@ def test_interrupted_build_leaves_nothing(ckpts, tmp_path):
 @pytest.mark.parametrize("kw,match", [
     (dict(ks=(0,)), "k"), (dict(ks=(70,)), "does not fit"), (dict(capacity=4), "capacity"),
     (dict(prefill_chunk=0), "prefill-chunk"), (dict(prefill_chunk=1000), "prefill-chunk"),
+    (dict(long_prefill=(64,)), "long-prefill"), (dict(long_prefill=(128,)), "long-prefill"),
     (dict(tolerance=0), "tolerance"), (dict(engine="tvm"), "engine"), (dict(engine=""), "engine"),
     (dict(attention="gqa"), "attention"), (dict(target_quant="int3"), "quantize-target"),
     (dict(target_quant="int4", target_activations="int4"), "target-activations"),

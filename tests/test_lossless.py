@@ -106,3 +106,41 @@ def test_chat_template_renders_like_transformers(pipe, ckpts):
                                                                               tokenize=True)
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
     assert pipe.encode(msgs) == list(want)
+
+
+def test_long_prefill_profiles_fewer_calls_same_tokens(ckpts, tmp_path):
+    """--long-prefill: the bundle carries prefill_<T> profiles, parity-checked like the others; a prompt that
+    prefills alone takes them (fewer calls), solo and through an idle engine, and the tokens stay those of
+    transformers' greedy decoding; while another request decodes, the engine's chunks stay within its budget."""
+    from conftest import build_bundle
+
+    b = build_bundle(tmp_path / "long", ckpts["target"], capacity=128, long_prefill=(16, 32))
+    pipe = specexport.load(b)
+    assert pipe.target.entry.profiles == {"decode": 1, "prefill": 8, "prefill_16": 16, "prefill_32": 32,
+                                          "verify_1": 2, "verify_2": 3, "verify_4": 5}
+    assert {"prefill_16", "prefill_32"} <= set(pipe.target.entry.parity)
+    ids = pipe.encode(" ".join(PROMPTS * 3))[:75]
+    want = hf_greedy(ckpts["target"], ids, 20)
+    calls = []
+    step = pipe.target.step
+    pipe.target.step = lambda cache, x, *a, **k: calls.append(len(x)) or step(cache, x, *a, **k)
+    assert pipe.generate(ids, max_new_tokens=20, draft="none").token_ids == want
+    assert calls[:2] == [32, 32] and sum(t > 1 for t in calls) == 3  # 74 prompt ids in 3 calls (8-token: 10)
+    assert pipe.generate(ids, max_new_tokens=20, draft="recycle", k=4).token_ids == want
+    eng = pipe.start_engine(max_batch=2)
+    eng._thread = True  # driven by hand: the second request arrives while the first decodes
+    calls.clear()
+    alone = pipe.submit(ids, max_new_tokens=20)
+    while eng.step():
+        pass
+    assert alone.wait(1).token_ids == want and 32 in calls  # alone: the long profiles
+    short = pipe.encode(PROMPTS[0])
+    first = pipe.submit(short, max_new_tokens=40)
+    while not (eng._active and eng._active[0].prefilled):
+        eng.step()
+    calls.clear()
+    late = pipe.submit(ids, max_new_tokens=20)
+    while eng.step():
+        pass
+    assert late.wait(1).token_ids == want and first.wait(1).token_ids == hf_greedy(ckpts["target"], short, 40)
+    assert calls and max(calls) <= 8  # while another decodes: single-row chunks within the budget (8 tokens)

@@ -33,6 +33,10 @@ runs spread more than --noise (10%); the summary also warns when the bandwidth p
 [-default][-pld]) at each concurrency, as a burst or --arrival poisson --rate R; aggregate tokens/s, time
 to first token and per output token (p50, p99), every output checked against its solo run.
 
+--ttft 60,200,800,1500: the time-to-first-token mode instead: prompts of those many tokens cut from the
+Spec-Bench texts, each method generating one token (the whole prefill), --repeats rounds of the grid; every
+method's first token is checked against the first method's.
+
 Writes records.jsonl (one record per question x method, or per request), summary.md, config.json and
 speedup.png (or throughput.png + latency.png) under --out; every record names the CPU model and flags.
 Imports torch/transformers only for the hf* methods.

@@ -76,6 +76,7 @@ class BenchConfig:
     rate: float | None = None  # requests per second of the Poisson arrivals
     requests: int | None = None  # requests per level (default: every selected question, at least the level)
     prefill_budget: int | None = None  # the engine's prompt tokens per iteration while others decode (None: its default)
+    ttft: tuple = ()  # () : not the time-to-first-token mode; else the prompt lengths it times
 
     def __post_init__(self):
         SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed)  # the runtime's own checks
@@ -93,6 +94,10 @@ class BenchConfig:
             raise ValueError("--arrival poisson needs --rate R (requests per second, > 0)")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"--prefill-budget must be >= 1, got {self.prefill_budget}")
+        if any(not isinstance(n, int) or n < 2 for n in self.ttft):
+            raise ValueError(f"--ttft takes prompt lengths >= 2 tokens, got {list(self.ttft)}")
+        if self.ttft and self.concurrency:
+            raise ValueError("--ttft and --concurrency are separate modes: give one of them")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         for spec in self.extra_bundles:

@@ -66,7 +66,8 @@ def header(cfg: BenchConfig, info: dict | None) -> list[str]:
     for meth, p in (info.get("peers") or {}).items():
         d = p.get("device_defaults", {})
         lines.append(f"{meth}: OpenVINO IR {p['model']}, properties {p['properties']}"
-                     f"{', prompt lookup ' + str(p['prompt_lookup']) if p.get('prompt_lookup') else ''}; the CPU "
+                     f"{', prompt lookup ' + str(p['prompt_lookup']) if p.get('prompt_lookup') else ''}"
+                     f"{', prefix caching off' if p.get('prefix_caching') is False else ''}; the CPU "
                      f"plugin's defaults here: inference {d.get('INFERENCE_PRECISION_HINT')}, KV cache "
                      f"{d.get('KV_CACHE_PRECISION')}, dynamic quantization group "
                      f"{d.get('DYNAMIC_QUANTIZATION_GROUP_SIZE')}.")

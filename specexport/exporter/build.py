@@ -60,6 +60,9 @@ def _one_of(value, kind, option: str, what: str = "") -> None:
         raise ValueError(f"{option} must be {what or ' or '.join(get_args(kind))}, got {value!r}")
 
 
+LONG_PREFILL = (128, 256)  # the default long prefill profiles (docs/benchmarks.md "Time to first token")
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """What `specexport build` was asked for. None means "not asked": no quantised target, no engine, and for
@@ -70,6 +73,9 @@ class BuildConfig:
     ks: tuple[int, ...] = (2, 4, 8)
     capacity: int = 2048
     prefill_chunk: int = 64
+    # T of extra prefill profiles for prompts that prefill alone (a solo generation, an idle engine): fewer,
+    # larger calls (docs/benchmarks.md "Time to first token"); None: those of LONG_PREFILL that fit the capacity
+    long_prefill: tuple[int, ...] | None = None
     tolerance: float = 1e-3  # max |logit - eager logit|, float32
     force: bool = False
     target_quant: Quant | None = None  # ship a weight-only quantised target (output exact w.r.t. it)
@@ -94,6 +100,10 @@ class BuildConfig:
         if not 1 <= self.prefill_chunk <= self.capacity:
             raise ValueError(f"--prefill-chunk must be between 1 and the capacity ({self.capacity}), "
                              f"got {self.prefill_chunk}")
+        if self.long_prefill is not None and any(
+                not isinstance(t, int) or not self.prefill_chunk < t <= self.capacity for t in self.long_prefill):
+            raise ValueError(f"--long-prefill values must be above --prefill-chunk ({self.prefill_chunk}) and at most "
+                             f"the capacity ({self.capacity}), got {list(self.long_prefill)}")
         _one_of(self.target_quant, Quant, "--quantize-target")
         if self.target_quant and self.draft.kind == self.target_quant:
             raise ValueError(f"a self:{self.target_quant} draft of an {self.target_quant} target is the target "
@@ -117,8 +127,13 @@ class BuildConfig:
         _one_of(self.engine_precision, Precision, "--engine-precision", "fp32, fp16 or bf16")
 
     def resolved(self) -> "BuildConfig":
-        """This config with the defaults that depend on other options filled in: the attention kind."""
-        return dataclasses.replace(self, attention=self.attention or ("portable" if self.engine else "fused"))
+        """This config with the defaults that depend on other options filled in: the attention kind and the
+        long prefill profiles."""
+        long = self.long_prefill
+        if long is None:  # a capacity too small for them (test bundles) builds none
+            long = tuple(t for t in LONG_PREFILL if self.prefill_chunk < t <= self.capacity // 2)
+        return dataclasses.replace(self, attention=self.attention or ("portable" if self.engine else "fused"),
+                                   long_prefill=tuple(sorted(set(long))))
 
 
 class ParityError(RuntimeError):
@@ -300,7 +315,8 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
     timings: dict = {}
     t_path, t_hf = _load(cfg.target, log)
     t_gc = gconfig.from_hf(t_hf)
-    target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk, **{f"verify_{k}": k + 1 for k in sorted(cfg.ks)}}
+    target_profiles = {"decode": 1, "prefill": cfg.prefill_chunk, **{f"prefill_{t}": t for t in cfg.long_prefill},
+                       **{f"verify_{k}": k + 1 for k in sorted(cfg.ks)}}
     target = ModelJob("target", "checkpoint", {"name": cfg.target, "path": str(t_path)}, t_hf, t_gc, target_profiles)
     entries = {"target": _export_and_check(cfg, root, target, timings, log, bars)}
     draft = _draft_job(cfg, t_path, t_hf, t_gc, log)
@@ -339,7 +355,8 @@ def _write_manifest(cfg: BuildConfig, root: Path, entries: dict, tok: dict, timi
         files={f: bundle.sha256(root / f) for f in files},
         build={"target": cfg.target, "draft": dataclasses.asdict(cfg.draft), "ks": sorted(cfg.ks), "capacity": S,
                "batch_sizes": sorted(cfg.batch_sizes), "target_quant": cfg.target_quant, "engine": cfg.engine,
-               "attention": cfg.attention, "prefill_chunk": cfg.prefill_chunk, "tolerance": cfg.tolerance,
+               "attention": cfg.attention, "prefill_chunk": cfg.prefill_chunk,
+               "long_prefill": list(cfg.long_prefill), "tolerance": cfg.tolerance,
                "timings": timings, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "kv_layout": "inputs past_key.{i}/past_value.{i} [B,Hkv,S,D] per layer, keys rotated; "
                             "output new_kv [L,2,B,Hkv,T,D]; slot = position mod S"

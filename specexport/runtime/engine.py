@@ -260,22 +260,24 @@ class Engine:
     def _room(self) -> int:
         """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
         pool is sized to it at admission and shrinks to it as requests leave (each resize copies the pool)."""
-        T = max(t for name, t in self.target.entry.profiles.items() if name != "prefill")  # a decode step's most rows
+        T = max(t for name, t in self.target.entry.profiles.items() if not name.startswith("prefill"))  # a step's most rows
         need = max((s.c.generation.stats.prompt_tokens + s.cfg.max_new_tokens + T for s in self._active), default=1)
         return min(need, self.pool.buckets[-1])
 
     def _prefill(self, pre: list[Sequence]) -> None:
         """Prefill chunks up to the budget, oldest first: the first chunks of requests on neighbouring rows
         as one batched call (`_first_chunks`), the rest as single-row calls on the request's pool row."""
-        # nothing decodes yet (a burst's start): nobody waits on prefill, so the budget does not apply
-        budget = self.prefill_budget if len(pre) < len(self._active) else 1 << 30
+        # nothing decodes yet (a burst's start): nobody waits on prefill, so neither the budget nor its cap on a
+        # call's T (the long prefill profiles are for prompts that prefill alone) applies
+        waiting = len(pre) < len(self._active)
+        budget = self.prefill_budget if waiting else 1 << 30
         group = self._first_chunks(pre, budget)
         if group:
             budget -= self._prefill_batch(*group)
         for s in pre:
             prompt = s.ids[:s.c.generation.stats.prompt_tokens - 1]
             while budget > 0 and s.fed < len(prompt):
-                i, r, out = feed_chunk(self.target, s.cache, prompt, s.fed)
+                i, r, out = feed_chunk(self.target, s.cache, prompt, s.fed, self.prefill_budget if waiting else None)
                 s.fed = i + r
                 s.c.generation.stats.prefill_s += out.run_s
                 budget -= r

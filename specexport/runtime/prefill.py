@@ -3,22 +3,47 @@ draft model and the engine's admitted requests all prefill this way.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..backends.base import Backend
 from .kv import RingKV
 
+# what a call of T tokens costs, in prompt tokens: CALL_COST + T. A call reads every weight once, which on
+# these CPUs costs about as much as 16 tokens of prefill compute (a 1-token call ~32 ms, a 64-token one ~135 ms,
+# 128 ~270 ms on SmolLM2, 2 cores); a padded row costs as much as a real one
+CALL_COST = 16
 
-def feed_chunk(model: Backend, cache: RingKV, ids: list[int], i: int):
-    """Run the next chunk of `ids` from index i at positions cache.n.., committing its rows -> (i, r, StepOut):
-    r ids were fed. A remainder is padded up to the next profile when that wastes at most half of the call,
-    else split into the largest profiles that fit; pad rows are never committed. Only the chunk's last row
-    gets logits (a fused graph skips the LM head of the others: ~21% of a SmolLM2 row's FLOPs)."""
+
+@lru_cache(maxsize=64)
+def _plans(sizes: tuple) -> list[int]:
+    """first[r] for r < max(sizes): the T of the first call of the cheapest sequence of calls of `sizes` whose
+    T add up to at least r (the last may be padded), a call costing CALL_COST + T; the larger
+    first among equals."""
+    cost, first = [0.0], [0]
+    for r in range(1, sizes[-1]):
+        cost.append(min((CALL_COST + t) + cost[max(r - t, 0)] for t in sizes))
+        first.append(next(t for t in reversed(sizes) if (CALL_COST + t) + cost[max(r - t, 0)] == cost[r]))
+    return first
+
+
+def chunk_ts(model: Backend, limit: int | None = None) -> tuple:
+    """The T values a prefill call may use: every profile of the model, at most `limit` (the smallest kept)."""
     sizes = sorted(set(model.entry.profiles.values()))
-    r = min(len(ids) - i, model.entry.profiles.get("prefill", sizes[-1]))
-    T = next(t for t in sizes if t >= r)
-    if T > 2 * r:  # padding would waste over half the call: run the largest profile that fits instead
-        T = r = max(t for t in sizes if t <= r)
+    return tuple(t for t in sizes if limit is None or t <= limit) or (sizes[0],)
+
+
+def feed_chunk(model: Backend, cache: RingKV, ids: list[int], i: int, limit: int | None = None):
+    """Run the next chunk of `ids` from index i at positions cache.n.., committing its rows -> (i, r, StepOut):
+    r ids were fed. The chunk is the first call of the cheapest plan for what is left (`_plans`: the largest
+    profile while it fits, a padded remainder when padding costs less than more calls), with T <= `limit`
+    when given (the engine's budget while others decode). Pad rows are never committed. Only the chunk's last
+    row gets logits (a fused graph skips the LM head of the others: ~21% of a SmolLM2 row's FLOPs)."""
+    sizes = chunk_ts(model, limit)
+    left = len(ids) - i
+    T = sizes[-1] if left >= sizes[-1] else _plans(sizes)[left]
+    r = min(T, left)
     out = model.step(cache, ids[i:i + r] + [0] * (T - r), cache.n, rows=[r - 1])
     cache.commit(out.new_kv, range(r))
     return i, r, out
