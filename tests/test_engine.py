@@ -57,6 +57,25 @@ def test_batched_first_prefill_chunks(bundles, attention):
     assert sum(k * v for k, v in eng.counters["prefill_batch"].items()) >= 4, eng.counters  # >= 4 rows batched
 
 
+def test_burst_short_prompts_decode_before_a_long_one_is_prefilled(bundles):
+    """A burst's first chunks run together; whoever they completed decodes at the next step, while a long
+    prompt goes on in budgeted chunks (it does not hold everyone's first token back). Outputs == solo."""
+    pipe = specexport.load(bundles["fused"])
+    prompts = ["hi there", "abc abc", "The quick brown fox jumps over the lazy dog. The quick brown fox"]
+    want = [solo(pipe, p, max_new_tokens=10) for p in prompts]
+    eng = pipe.start_engine(max_batch=4, max_queue=8)
+    eng._thread = True  # driven by hand
+    cs = [pipe.submit(p, max_new_tokens=10) for p in prompts]
+    eng.step()  # the first chunks of all three, one call: the two short prompts are done
+    long = next(s for s in eng._active if s.c is cs[2])
+    assert eng.counters["prefill_batch"] == {3: 1} and not long.prefilled
+    eng.step()  # the short ones decode; the long one got one budgeted chunk
+    assert all(c.generation.token_ids for c in cs[:2]) and not long.prefilled
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in cs] == want
+
+
 def test_staggered_arrivals_and_cancel(bundles):
     pipe = specexport.load(bundles["portable"])
     want = {p: solo(pipe, p, max_new_tokens=30) for p in PROMPTS[:4]}

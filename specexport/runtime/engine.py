@@ -110,7 +110,8 @@ class Engine:
       1. admits waiting requests into free pool rows (at most `max_batch` run at once, `max_queue` wait);
       2. runs prefill chunks of admitted requests, at most `prefill_budget` tokens per iteration (default
          one chunk; no limit while nothing decodes), so a long prompt interleaves with everyone else's decode
-         steps instead of stalling them; first chunks of requests on neighbouring rows run as one call;
+         steps instead of stalling them; first chunks of requests on neighbouring rows run as one call, and
+         the requests it completed decode at the next step before any other chunk runs;
       3. lets every decoding request draft its own tree (recycle), chain (ngram) or nothing (none), pads
          them to one built (B, T) profile and runs ONE target call for all of them;
       4. accepts per row (greedy, Gumbel, rejection: runtime/accept), commits per row (a row that accepts
@@ -274,6 +275,8 @@ class Engine:
         group = self._first_chunks(pre, budget)
         if group:
             budget -= self._prefill_batch(*group)
+            if not waiting and any(s.prefilled for s in group[2]):
+                return  # whoever those chunks completed decodes first; the rest prefill within the budget
         for s in pre:
             prompt = s.ids[:s.c.generation.stats.prompt_tokens - 1]
             while budget > 0 and s.fed < len(prompt):
