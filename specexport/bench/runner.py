@@ -59,6 +59,23 @@ def runnable(cfg: BenchConfig, log: Callable[[str], None]) -> tuple:
     return tuple(keep)
 
 
+def warm_up(m: Methods, meths: list, ids: list[int], log: Callable[[str], None]) -> list:
+    """Run every method once on `ids` (loading models, first-run allocations) -> the methods that ran; a peer
+    that fails to load or run is skipped with one line, a specexport method's failure is raised."""
+    ran = []
+    for meth in meths:
+        try:
+            m.run(meth, ids)
+            ran.append(meth)
+        except (ImportError, OSError, RuntimeError) as e:
+            if family(meth) == "se":
+                raise
+            log(f"skipping {meth}: it failed to load or run ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+    if not ran:
+        raise ValueError("none of the methods ran (see the lines above)")
+    return ran
+
+
 def run(cfg: BenchConfig, log=print) -> tuple[list[dict], dict]:
     """-> (records, run info: methods run, skipped, machine, versions, what each peer ran with)."""
     qpath = find_questions(cfg.questions)
@@ -70,17 +87,7 @@ def run(cfg: BenchConfig, log=print) -> tuple[list[dict], dict]:
     cpu = machine.cpu()
     log(f"{len(qs)} questions x {len(meths)} methods, {cfg.max_new_tokens} new tokens, reference {meths[0]}; "
         f"{machine.label()}")
-    warm = m.pipe.encode(qs[0]["turns"][0], chat=True)
-    for meth in list(meths):  # warm-up: load models, first-run allocations; a peer that fails here is skipped
-        try:
-            m.run(meth, warm[:64])
-        except (ImportError, OSError, RuntimeError) as e:
-            if family(meth) == "se":
-                raise
-            log(f"skipping {meth}: it failed to load or run ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-            meths.remove(meth)
-    if not meths:
-        raise ValueError("none of the methods ran (see the lines above)")
+    meths = warm_up(m, meths, m.pipe.encode(qs[0]["turns"][0], chat=True)[:64], log)
     m.reset()
     records = []
     probe = np.ones((512 << 20) // 8)  # the bandwidth probe's array, read once per question (drift hits it too)

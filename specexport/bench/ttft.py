@@ -18,8 +18,8 @@ from typing import Callable
 
 from . import machine
 from .config import BenchConfig, find_questions
-from .peers import Methods, family
-from .runner import runnable, spread
+from .peers import Methods
+from .runner import runnable, spread, warm_up
 
 
 def prompt_stream(pipe, qpath: Path, need: int) -> list[int]:
@@ -50,14 +50,7 @@ def run_ttft(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[list
     cpu = machine.cpu()
     log(f"time to first token: prompts of {', '.join(map(str, cfg.ttft))} tokens x {len(meths)} methods, "
         f"{cfg.repeats} rounds; {machine.label()}")
-    for meth in list(meths):  # warm-up: load, first-run allocations; a peer that fails is skipped
-        try:
-            m.run(meth, ids[:64])
-        except (ImportError, OSError, RuntimeError) as e:
-            if family(meth) == "se":
-                raise
-            log(f"skipping {meth}: it failed to load or run ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-            meths.remove(meth)
+    meths = warm_up(m, meths, ids[:64], log)
     secs: dict = {}
     first: dict = {}
     for rnd in range(cfg.repeats):
