@@ -111,6 +111,8 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d.update(capacity=2 ** 40, buckets=[2 ** 40]), "capacity"),
     (lambda d: d["models"]["target"]["profiles"].update(decode=0), "models.target.profiles.decode"),
     (lambda d: d["models"]["target"]["profiles"].update(verify_2=4), "models.target.profiles.verify_2"),
+    (lambda d: d["models"]["target"]["profiles"].update(prefill_32=16), "models.target.profiles.prefill_32"),
+    (lambda d: d["models"]["target"]["profiles"].update(prefill_x=16), "models.target.profiles.prefill_x"),
     (lambda d: d["models"]["target"]["arch"].update(num_layers="3"), "models.target.arch.num_layers"),
     (lambda d: d["models"]["target"]["arch"].update(num_layers=4), "models.target.inputs"),
     (lambda d: d["models"]["draft"]["arch"].update(vocab_size=64), "models.draft"),
