@@ -23,8 +23,9 @@ def _plans(sizes: tuple) -> list[int]:
     first among equals."""
     cost, first = [0.0], [0]
     for r in range(1, sizes[-1]):
-        cost.append(min((CALL_COST + t) + cost[max(r - t, 0)] for t in sizes))
-        first.append(next(t for t in reversed(sizes) if (CALL_COST + t) + cost[max(r - t, 0)] == cost[r]))
+        c, neg_t = min((CALL_COST + t + cost[max(r - t, 0)], -t) for t in sizes)  # -t: the larger T on a tie
+        cost.append(c)
+        first.append(-neg_t)
     return first
 
 
