@@ -1,10 +1,10 @@
 """Does OpenVINO run a bundle's portable ONNX graph faster than onnxruntime on this CPU? (issue 17's first lever)
 
-    python experiments/ov_graph_probe.py bundles/smol-portable [--repeats 8]
+    python experiments/ov_graph_probe.py bundles/smol-portable [--repeats 8] [--precision f32|bf16]
 
 Loads the target graph of a `--attention portable` bundle (standard ONNX ops; the fused graph's
 com.microsoft GroupQueryAttention is onnxruntime's own) in both runtimes, 2 threads each, OpenVINO at
-INFERENCE_PRECISION_HINT=f32, and times the same inputs interleaved (decode, verify, prefill; one row and
+INFERENCE_PRECISION_HINT=f32 (or --precision), and times the same inputs interleaved (decode, verify, prefill; one row and
 eight), printing the medians and the largest logit difference between the two.
 """
 import argparse
@@ -35,12 +35,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle")
     p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--precision", default="f32", help="OpenVINO's INFERENCE_PRECISION_HINT (f32, bf16)")
     a = p.parse_args()
     e = json.loads((Path(a.bundle) / "manifest.json").read_text())["models"]["target"]
     if e.get("attention") != "portable":
         raise SystemExit("needs a --attention portable bundle (standard ONNX ops)")
     path = str(Path(a.bundle) / e["graph"])
-    cm = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": "2",
+    cm = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": a.precision, "INFERENCE_NUM_THREADS": "2",
                                                "PERFORMANCE_HINT": "LATENCY"})
     req = cm.create_infer_request()
     so = ort.SessionOptions()

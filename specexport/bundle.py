@@ -42,9 +42,11 @@ MAX_KV_BYTES = 1 << 36  # one model's float32 cache at the full capacity (Llama-
 MAX_TEMPLATE_CHARS = 1 << 20
 RESERVED_TEMPLATE_NAMES = ("messages", "add_generation_prompt", "raise_exception", "tools", "documents")
 KINDS = ("checkpoint", "early-exit", "int4", "int8")
-# "portable": attention from standard ONNX ops (any runtime, TensorRT); "fused": onnxruntime's
-# GroupQueryAttention contrib op, which writes the step's K/V into free cache slots in place
-Attention = Literal["fused", "portable"]
+# "portable": attention from standard ONNX ops (any runtime, TensorRT); "slots": the same inputs and outputs,
+# attending over copies of the cache with the new tokens in their slots (verify rows sum as decode rows do:
+# OpenVINO's bfloat16); "fused": onnxruntime's GroupQueryAttention contrib op, which writes the step's K/V
+# into free cache slots in place
+Attention = Literal["fused", "portable", "slots"]
 Activations = Literal["float32", "int8"]  # how a quantised graph's MatMulNBits compute (accuracy level 1 or 4)
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 DIM_NAMES = ("B", "T", "S", "L", "R")  # docs/design.md: batch, new tokens, cache slots, cached + new, logit rows
@@ -287,7 +289,7 @@ def _check_model(e, where: str, role: str, S: int, B: int, files: dict) -> None:
     if e["role"] != role:
         raise _bad(f"{where}.role", f"must be {role!r}", e["role"])
     _str(e["kind"], f"{where}.kind", choices=KINDS if role == "draft" else ("checkpoint", "int4", "int8"))
-    attention = _str(e.get("attention", "portable"), f"{where}.attention", choices=("fused", "portable"))
+    attention = _str(e.get("attention", "portable"), f"{where}.attention", choices=("fused", "portable", "slots"))
     src = _obj(e["source"], f"{where}.source", free=True)
     for k in ("name", "path"):
         if k in src:
@@ -390,7 +392,7 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
     """Graph inputs and outputs: the names the backends feed and read, in order, with the arch's numbers in
     their shapes (the onnxruntime session's own I/O is checked against these at load: check_graph_io)."""
     kv = [f"past_{n}.{i}" for i in range(L) for n in ("key", "value")]
-    if attention == "portable":
+    if attention != "fused":
         want_in, want_out = ["input_ids", "position_ids", "past_mask", "new_mask"] + kv, ["logits", "new_kv"]
     else:
         want_in = ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"] + kv

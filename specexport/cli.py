@@ -138,10 +138,12 @@ def parser() -> argparse.ArgumentParser:
                    help="how the quantised target computes: float32 (default; speculative decoding stays lossless) "
                    "or int8 (MatMulNBits accuracy level 4: faster plain decoding, but a verify call scores tokens "
                    "differently from a decode call, so the bundle allows --draft none only)")
-    b.add_argument("--attention", choices=["fused", "portable"], default=None,
+    b.add_argument("--attention", choices=["fused", "portable", "slots"], default=None,
                    help="fused: onnxruntime's GroupQueryAttention op, which attends over the cached tokens only and "
                    "writes the new K/V in place (default without --engine); portable: standard ONNX ops, for "
-                   "TensorRT and the device backends (default with --engine)")
+                   "TensorRT and the device backends (default with --engine); slots: standard ONNX ops that "
+                   "attend over the cache with the new tokens in their slots, so a verify row scores exactly "
+                   "as a decode row: for OpenVINO (backend openvino-bf16 speculates losslessly on it)")
     b.add_argument("--engine", choices=["tensorrt"], default=None,
                    help="also build TensorRT engines (one optimisation profile per T) for the GPU of this machine; "
                    "needs TensorRT 10 and an NVIDIA GPU (unverified so far: docs/gpu.md)")

@@ -3,7 +3,8 @@
 - ort (onnxruntime, CPU): the default; torch-free, like the runtime.
 - ort_device (onnxruntime with IO binding into a device-resident cache: the CUDA EP path; needs torch),
   torch_graphs (graphs/ modules in torch, CUDA graphs on CUDA; needs torch and the float32 checkpoint),
-  trt (the bundle's TensorRT engines; needs torch and TensorRT): optional, imported only when asked for.
+  trt (the bundle's TensorRT engines; needs torch and TensorRT), ov (OpenVINO's CPU plugin, float32 or bfloat16,
+  portable bundles; needs openvino): optional, imported only when asked for.
 base.py holds what they share. Nothing here imports the exporter.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from ..errors import OptionError
 
-KINDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch")
+KINDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch", "openvino", "openvino-bf16")
 
 
 def open_model(kind: str, root: Path, entry, manifest, threads: int | None = None, device: str = "cpu"):
@@ -29,4 +30,8 @@ def open_model(kind: str, root: Path, entry, manifest, threads: int | None = Non
     if kind == "tensorrt":
         from .trt import TrtBackend
         return TrtBackend(root, entry, manifest.buckets, device=device if device != "cpu" else "cuda")
+    if kind in ("openvino", "openvino-bf16"):
+        from .ov import PRECISIONS, OvBackend
+        return OvBackend(root, entry, manifest.buckets, threads, precision=PRECISIONS[kind],
+                         batch_sizes=manifest.batch_sizes)
     raise OptionError(f"backend must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -40,7 +40,7 @@ class OrtBackend(BackendBase):
         self.fused = entry.attention == "fused"
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
-        if entry.attention not in ("fused", "portable"):
+        if entry.attention not in ("fused", "portable", "slots"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
 
     def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,

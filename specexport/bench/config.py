@@ -67,7 +67,7 @@ class BenchConfig:
     gguf: str = "models/smollm2-135m.gguf"
     ov_model: str = "models/ov-smollm2-fp32"  # OpenVINO IR (optimum-cli export openvino --weight-format fp32)
     ov_int4_model: str = "models/ov-smollm2-int4"  # ... --weight-format int4 --sym --group-size 32
-    extra_bundles: tuple = ()  # ("TAG=PATH", ...) for se-...@TAG methods
+    extra_bundles: tuple = ()  # ("TAG=PATH", "TAG=PATH:BACKEND", ...) for se-...@TAG methods
     temperature: float = 0.0  # 0: greedy; else every method samples (top_p, seed)
     top_p: float = 1.0
     seed: int = 0
@@ -101,15 +101,24 @@ class BenchConfig:
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         for spec in self.extra_bundles:
-            tag, _, path = spec.partition("=")
+            tag, path, backend = extra_bundle(spec)
             if not tag or not path:
-                raise ValueError(f"--extra-bundle takes TAG=PATH, got {spec!r}")
+                raise ValueError(f"--extra-bundle takes TAG=PATH or TAG=PATH:BACKEND, got {spec!r}")
         tags = {s.partition("=")[0] for s in self.extra_bundles}
         for m in self.methods:
             check_method(m, load=bool(self.concurrency))
             tag = m.partition("@")[2]
             if tag and tag not in tags:
                 raise ValueError(f"method {m}: no bundle tagged {tag!r}; pass --extra-bundle {tag}=PATH")
+
+
+def extra_bundle(spec: str) -> tuple[str, str, str]:
+    """"TAG=PATH" or "TAG=PATH:BACKEND" (a backend of specexport.load, e.g. openvino-bf16) -> (tag, path, backend)."""
+    from ..backends import KINDS
+
+    tag, _, path = spec.partition("=")
+    head, _, kind = path.rpartition(":")
+    return (tag, head, kind) if head and kind in KINDS else (tag, path, "onnxruntime")
 
 
 def find_questions(path: str | None = None) -> Path:

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from . import machine
-from .config import BenchConfig, find_questions, parse_se, questions
+from .config import BenchConfig, extra_bundle, find_questions, parse_se, questions
 from .peers import OV_PLD, ov_device_defaults, ov_spec
 from .runner import runnable, sha1, spread
 
@@ -57,8 +57,8 @@ class Load:
         self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
         self.pipes = {"": self.pipe}  # bundle tag -> pipeline (se-...@TAG: --extra-bundle TAG=PATH)
         for spec in cfg.extra_bundles:
-            tag, _, path = spec.partition("=")
-            self.pipes[tag] = specexport.load(path, threads=cfg.threads)
+            tag, path, backend = extra_bundle(spec)
+            self.pipes[tag] = specexport.load(path, threads=cfg.threads, backend=backend)
         self.eos = self.pipe.eos
         self.biggest = max(self.pipe.manifest.batch_sizes)
         self.sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)

@@ -11,7 +11,7 @@ import importlib.util
 import time
 from pathlib import Path
 
-from .config import OV, BenchConfig, parse_se
+from .config import OV, BenchConfig, extra_bundle, parse_se
 
 INSTALL = {
     "hf": "pip install 'specexport[build]' (torch + transformers)",
@@ -80,8 +80,8 @@ class Methods:
         self.pipe = specexport.load(cfg.bundle, threads=cfg.threads)
         self.pipes = {"": self.pipe}
         for spec in cfg.extra_bundles:
-            tag, _, path = spec.partition("=")
-            self.pipes[tag] = specexport.load(path, threads=cfg.threads)
+            tag, path, backend = extra_bundle(spec)
+            self.pipes[tag] = specexport.load(path, threads=cfg.threads, backend=backend)
         self.eos = self.pipe.eos
         self._hf = self._assist = self._og = None
         self._llama: dict = {}

@@ -71,6 +71,11 @@ def header(cfg: BenchConfig, info: dict | None) -> list[str]:
                      f"plugin's defaults here: inference {d.get('INFERENCE_PRECISION_HINT')}, KV cache "
                      f"{d.get('KV_CACHE_PRECISION')}, dynamic quantization group "
                      f"{d.get('DYNAMIC_QUANTIZATION_GROUP_SIZE')}.")
+    if cfg.extra_bundles:
+        from .config import extra_bundle
+
+        lines.append("Bundles of the @TAG methods: " + ", ".join(
+            f"@{t} = {p} on {b}" for t, p, b in map(extra_bundle, cfg.extra_bundles)) + ".")
     if info.get("skipped"):
         lines.append("Skipped (not installed or no model here): " + ", ".join(info["skipped"]) + ".")
     return lines + [""]

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..backends.ort import OrtBackend
-from ..runtime.prefill import feed
+from ..runtime.prefill import feed, verify_drift  # noqa: F401 -- verify_drift: the build's check, shared with the runtime
 
 
 @contextlib.contextmanager
@@ -56,26 +56,6 @@ def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0, tick=
         report[name] = {"T": T, "S": cache.S, "max_abs": float(np.abs(out.logits - want).max()),
                         "top1": float((out.logits.argmax(-1) == want.argmax(-1)).mean())}
     return report
-
-
-def verify_drift(model: OrtBackend, seed: int = 0) -> float:
-    """Largest |logit difference| between scoring tokens in one verify call (the largest verify profile) and
-    scoring them one decode call at a time, same tokens and cache. Small (float32 rounding: a row's attention
-    sums its keys in another order when some sit in the call rather than the cache) for float32 math; large
-    when the graph quantises activations, where one rounding flip cascades."""
-    V = model.entry.arch["vocab_size"]
-    T = max(model.entry.profiles[f"verify_{k}"] for k in model.entry.verify_ks())
-    n_past = max(1, min(model.capacity - T, model.entry.profiles.get("prefill", 1) + 3))
-    ids = np.random.default_rng(seed).integers(0, V, n_past + T).tolist()
-    cache = model.new_cache()
-    feed(model, cache, ids[:n_past])
-    together = model.step(cache, ids[n_past:], n_past).logits
-    one_by_one = []
-    for i, t in enumerate(ids[n_past:]):
-        out = model.step(cache, [t], n_past + i)
-        cache.commit(out.new_kv, [0])
-        one_by_one.append(out.logits[0])
-    return float(np.abs(together - np.stack(one_by_one)).max())
 
 
 def check_batch(hf, model: OrtBackend, B: int, layers: int | None = None, seed: int = 1) -> dict:

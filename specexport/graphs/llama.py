@@ -3,14 +3,16 @@
 One forward = one step over T new tokens against a cache of S slots that the caller owns:
   inputs   input_ids    int64 [B,T]
            position_ids int64 [B,T]          absolute positions (RoPE)
-           past_mask    bool  [B,S]          slot holds a valid earlier token of this sequence
+           past_mask    bool  [B,S]          slot holds a valid earlier token of this sequence: slots
+                                             [0, n) for a row with n cached tokens
            new_mask     bool  [B,T,T]        which new tokens each new token sees (causal by default;
                                              a tree mask for tree verification)
            past_kv      2L x float [B,Hkv,S,D]  K (already rotated) and V per layer, in that order
   outputs  logits       float [B,T,V]
            new_kv       float [L,2,B,Hkv,T,D]  K (rotated) and V of the T new tokens
 The graph never writes the cache: the runtime commits the accepted rows of new_kv into its ring buffer,
-so a rejected proposal costs nothing to roll back.
+so a rejected proposal costs nothing to roll back. With `slots` (attention "slots") it attends over copies of
+the cache with the new tokens placed in slots n..n+T-1 instead of over [cache; new tokens].
 Parameter names mirror transformers' (model.layers.N.input_layernorm.weight, ...) except that q/k/v and
 gate/up are stacked into one projection each (fewer, larger MatMuls); `build` does the stacking. Nothing here imports transformers.
 """
@@ -64,8 +66,9 @@ class Attention(nn.Module):
         qk = qkv[:, :, :H + Hkv] @ rope
         return qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv:]
 
-    def forward(self, x, rope, past_k, past_v, bias):
-        # x: [B,T,E]; rope: [B,T,D,D] per-position rotation; past_k/v: [B,Hkv,S,D]; bias: [B,1,G*T,S+T]
+    def forward(self, x, rope, past_k, past_v, bias, place=None):
+        # x: [B,T,E]; rope: [B,T,D,D] per-position rotation; past_k/v: [B,Hkv,S,D]; bias: [B,1,G*T,S+T], or
+        # [B,1,G*T,S] with place = (onehot [B,1,S,T], written [B,1,S,1]): which slots take which new token
         c = self.c
         B, T, _ = x.shape
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
@@ -74,10 +77,20 @@ class Attention(nn.Module):
         # GQA without repeating the cache: head h = kv * G + g (transformers' repeat_kv order), so the G
         # query heads of one KV head become G*T rows against that head's cache
         q = q.reshape(B, Hkv, G * T, D)
-        s = torch.cat([q @ past_k.transpose(-1, -2), q @ k.transpose(-1, -2)], dim=-1) + bias  # [B,Hkv,G*T,S+T]
-        S = past_k.shape[2]
-        p = torch.softmax(s, dim=-1)
-        o = p[..., :S] @ past_v + p[..., S:] @ v  # [B,Hkv,G*T,D]
+        if place is None:  # "portable": attend over [cache; new tokens]
+            s = torch.cat([q @ past_k.transpose(-1, -2), q @ k.transpose(-1, -2)], dim=-1) + bias  # [.., S+T]
+            S = past_k.shape[2]
+            p = torch.softmax(s, dim=-1)
+            o = p[..., :S] @ past_v + p[..., S:] @ v  # [B,Hkv,G*T,D]
+        else:  # "slots": attend over copies of the cache with the new tokens' K/V in their slots n..n+T-1
+            # (a product with a one-hot matrix moves values exactly), so a verify row sums its keys in the
+            # same places and order as the decode call of the same token: bit-identical rows wherever the
+            # math is row-consistent, bfloat16 included (splitting each sum in [cache; new] rounds the two
+            # halves apart in bfloat16: |dlogit| ~0.5 between a verify and a decode row on SmolLM2)
+            onehot, written = place
+            keys = torch.where(written, onehot @ k, past_k)
+            values = torch.where(written, onehot @ v, past_v)
+            o = torch.softmax(q @ keys.transpose(-1, -2) + bias, dim=-1) @ values  # [B,Hkv,G*T,D]
         o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(o), k, v
 
@@ -121,10 +134,10 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, rope, past_k, past_v, bias, fused=None):
+    def forward(self, x, rope, past_k, past_v, bias, fused=None, place=None):
         h = self.input_layernorm(x)
         a, k, v, *present = (self.self_attn.fused(h, rope, past_k, past_v, bias, *fused) if fused
-                             else self.self_attn(h, rope, past_k, past_v, bias))
+                             else self.self_attn(h, rope, past_k, past_v, bias, place))
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v, present
@@ -141,9 +154,10 @@ class Backbone(nn.Module):
 class LlamaGraph(nn.Module):
     """The whole step: embed -> L layers -> norm -> head, with explicit KV in and new KV out."""
 
-    def __init__(self, c: GraphConfig):
+    def __init__(self, c: GraphConfig, slots: bool = False):
         super().__init__()
         self.c = c
+        self.slots = slots  # attention "slots" (see Attention.forward) instead of "portable"
         self.model = Backbone(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
@@ -170,17 +184,30 @@ class LlamaGraph(nn.Module):
         c = self.c
         x = self.model.embed_tokens(input_ids)  # [B,T,E]
         rope = self.rope(position_ids, x.dtype)
-        neg = torch.tensor(float("-inf"))
-        zero = torch.tensor(0.0)
         G = c.num_heads // c.num_kv_heads
         B, T = input_ids.shape
         S = past_mask.shape[1]
-        bias_past = torch.where(past_mask, zero, neg)[:, None, None, :].expand(B, 1, G * T, S)
-        bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None]  # [B,1,G*T,T], row g*T+t
-        bias = torch.cat([bias_past, bias_new], dim=-1).to(x.dtype)  # [B,1,G*T,S+T], once per step
+        place = None
+        if not self.slots:
+            neg, zero = torch.tensor(float("-inf")), torch.tensor(0.0)
+            bias_past = torch.where(past_mask, zero, neg)[:, None, None, :].expand(B, 1, G * T, S)
+            bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None]  # [B,1,G*T,T], row g*T+t
+            bias = torch.cat([bias_past, bias_new], dim=-1).to(x.dtype)  # [B,1,G*T,S+T], once per step
+        else:
+            # the T new tokens go to slots n..n+T-1, n = the row's committed length (its valid slots are
+            # [0, n): a cache does not wrap within a bucket); a token past the last slot (padding at the
+            # capacity) is not placed, and nothing sees it
+            src = torch.arange(S, device=past_mask.device)[None] - past_mask.sum(-1, keepdim=True)  # [B,S]
+            written = (src >= 0) & (src < T)
+            src = src.clamp(0, T - 1)
+            sees_new = new_mask.gather(2, src[:, None, :].expand(B, T, S))  # [B,T,S]: token t sees slot s's
+            sees = past_mask[:, None, :] | (written[:, None, :] & sees_new)
+            bias = torch.where(sees, 0.0, float("-inf")).repeat(1, G, 1)[:, None].to(x.dtype)  # [B,1,G*T,S]
+            onehot = (written[..., None] & (src[..., None] == torch.arange(T, device=src.device))).to(x.dtype)
+            place = (onehot[:, None], written[:, None, :, None])  # [B,1,S,T], [B,1,S,1]
         kv = []
         for i, layer in enumerate(self.model.layers):
-            x, k, v, _ = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias)
+            x, k, v, _ = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, place=place)
             kv += [k, v]
         return self.head(x, kv)
 
@@ -231,9 +258,9 @@ def stack_projections(sd: dict, num_layers: int, q_scale: float = 1.0) -> dict:
     return sd
 
 
-def build(c: GraphConfig, state_dict: dict) -> LlamaGraph:
+def build(c: GraphConfig, state_dict: dict, slots: bool = False) -> LlamaGraph:
     """A LlamaGraph with the HF weights loaded (extra layers in state_dict are ignored for early exit)."""
-    g = LlamaGraph(c)
+    g = LlamaGraph(c, slots)
     state_dict = stack_projections(state_dict, c.num_layers, q_scale=c.head_dim ** -0.5)
     own = g.state_dict()
     missing = [k for k in own if k not in state_dict and not (k == "lm_head.weight" and c.tie_word_embeddings)]

@@ -91,11 +91,11 @@ class Pipeline:
             draft = "none" if not speculative else "model" if separate else "recycle"
         if draft != "none" and not speculative:
             drift = self.target.entry.verify_drift
-            raise ValueError(f"this bundle's target computes with {self.target.entry.activations} "
-                             "activations: a verify call scores tokens differently from plain decoding (max "
-                             f"|dlogit| {float('nan') if drift is None else drift:.2g}), so "
-                             "speculation would not be lossless; use draft='none', or rebuild with "
-                             "--target-activations float32")
+            why = getattr(self.target, "numerics", None) or f"{self.target.entry.activations} activations"
+            fix = getattr(self.target, "plain_only_fix", None) or "rebuild with --target-activations float32"
+            raise ValueError(f"this target computes with {why}: a verify call scores tokens differently from "
+                             f"plain decoding (max |dlogit| {float('nan') if drift is None else drift:.2g}), so "
+                             f"speculation would not be lossless; use draft='none', or {fix}")
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"

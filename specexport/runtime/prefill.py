@@ -58,3 +58,36 @@ def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, flo
         i, r, out = feed_chunk(model, cache, ids, i)
         logits, spent, i = out.logits[0], spent + out.run_s, i + r
     return logits, spent
+
+
+def verify_drift(model: Backend, seed: int = 0) -> float:
+    """Largest |logit difference| between scoring tokens in one verify call (the largest verify profile) and
+    scoring them one decode call at a time, same tokens and cache: for a chain of T tokens, and for a tree of
+    two branches from one root whose second branch is decoded as root, then its nodes (in the call they sit
+    after the first branch's). Small (float32 rounding: a row sums its keys in another order than a decode
+    call would) or zero for float32 math; large when the math rounds each partial sum (quantised
+    activations, or bfloat16 with the new tokens' keys summed apart from the cache's), where one flip
+    cascades."""
+    V = model.entry.arch["vocab_size"]
+    T = max(model.entry.profiles[f"verify_{k}"] for k in model.entry.verify_ks())
+    n_past = max(1, min(model.capacity - T, model.entry.profiles.get("prefill", 1) + 3))
+    ids = np.random.default_rng(seed).integers(0, V, n_past + T).tolist()
+    h = 1 + (T - 1) // 2  # the tree: root 0, branch [1, h) and branch [h, T), each a chain from the root
+    parent = [-1] + list(range(0, h - 1)) + ([0] + list(range(h, T - 1)) if T > h else [])
+    mask = np.eye(T, dtype=bool)
+    for i in range(T):
+        j = parent[i]
+        while j >= 0:
+            mask[i, j], j = True, parent[j]
+    worst = 0.0
+    for new_mask, path in ((None, list(range(T))), (mask, [0] + list(range(h, T)))):
+        cache = model.new_cache()
+        feed(model, cache, ids[:n_past])
+        pos = None if new_mask is None else n_past + mask.sum(1) - 1  # a node's position: its depth
+        together = model.step(cache, ids[n_past:], n_past, new_mask=None if new_mask is None else new_mask[None],
+                              positions=pos).logits
+        for d, i in enumerate(path):
+            out = model.step(cache, [ids[n_past + i]], n_past + d)
+            cache.commit(out.new_kv, [0])
+            worst = max(worst, float(np.abs(together[i] - out.logits[0]).max()))
+    return worst

@@ -1,0 +1,72 @@
+"""The OpenVINO backend (backends/ov.py) on tiny bundles: float32 gives onnxruntime's tokens with every draft;
+bfloat16 is measured at load (a verify call against decode calls): on a `slots` graph its verify rows score
+exactly as its decode rows and every draft gives its plain tokens, solo and batched; on a `portable` graph it
+speculates only if that holds too, else refuses drafts with the number; a fused bundle is refused at load."""
+import pytest
+
+import specexport
+from specexport.bench.config import extra_bundle
+from specexport.bundle import BundleError
+from conftest import build_bundle
+
+pytest.importorskip("openvino", reason="backend openvino needs OpenVINO: pip install 'specexport[openvino]' "
+                    "(scripts/setup.sh installs it)")
+
+PROMPTS = ["hello world", "the quick brown fox", "abc abc abc abc", "1 2 3 4 5 6"]
+DRAFTS = [("none", 4), ("model", 2), ("ngram", 4), ("recycle", 4)]
+
+
+def test_openvino_f32_matches_onnxruntime(bundle_noisy, bundle_portable):
+    with pytest.raises(BundleError, match="--attention slots"):
+        specexport.load(bundle_noisy, backend="openvino")
+    ort = specexport.load(bundle_portable)
+    ov = specexport.load(bundle_portable, backend="openvino")
+    e = ov.target.entry
+    assert e.speculative and 0 <= e.verify_drift <= e.parity_tolerance  # measured at load, on OpenVINO
+    for p in PROMPTS:
+        want = ort.generate(p, max_new_tokens=30, draft="none").token_ids
+        for draft, k in DRAFTS:
+            assert ov.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)
+    got = ov.generate_batch(PROMPTS, max_new_tokens=30, draft="recycle")  # the engine: pool rows, B > 1 calls
+    assert [g.token_ids for g in got] == [ort.generate(p, max_new_tokens=30, draft="none").token_ids
+                                          for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def bundle_slots(ckpts, tmp_path_factory):
+    return build_bundle(tmp_path_factory.mktemp("b") / "slots", ckpts["target"], ckpts["noisy"], attention="slots")
+
+
+def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
+    """bfloat16 is another model (its plain decoding is the reference, as for int4); on a slots graph a
+    verify call scores every row exactly as decode calls do, so every draft, solo or batched, gives the
+    plain tokens."""
+    pipe = specexport.load(bundle_slots, backend="openvino-bf16")
+    e = pipe.target.entry
+    assert e.verify_drift == 0.0 and e.speculative
+    plain = [pipe.generate(p, max_new_tokens=30, draft="none").token_ids for p in PROMPTS]
+    for p, want in zip(PROMPTS, plain):
+        for draft, k in DRAFTS:
+            assert pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)
+    for draft in ("none", "recycle", "ngram"):  # the engine: rows at different lengths, B > 1 verify calls
+        got = pipe.generate_batch(PROMPTS, max_new_tokens=30, draft=draft)
+        assert [g.token_ids for g in got] == plain, draft
+
+
+def test_openvino_bf16_portable_measured_at_load(bundle_portable):
+    """On a portable graph bfloat16 rounds [cache; new] attention's two halves apart: speculation is allowed
+    only if the measured verify-vs-decode drift is within the tolerance, else refused with it."""
+    pipe = specexport.load(bundle_portable, backend="openvino-bf16")
+    e = pipe.target.entry
+    assert e.verify_drift is not None and e.speculative == (e.verify_drift <= e.parity_tolerance)
+    plain = pipe.generate(PROMPTS[0], max_new_tokens=30, draft="none").token_ids
+    if not e.speculative:
+        with pytest.raises(ValueError, match="bfloat16 math"):
+            pipe.generate(PROMPTS[0], max_new_tokens=8, draft="recycle")
+        assert pipe.generate(PROMPTS[0], max_new_tokens=30).token_ids == plain  # the default: plain
+
+
+def test_extra_bundle_backend_suffix():
+    assert extra_bundle("ovb=bundles/x:openvino-bf16") == ("ovb", "bundles/x", "openvino-bf16")
+    assert extra_bundle("c64=bundles/x") == ("c64", "bundles/x", "onnxruntime")
+    assert extra_bundle("w=C:/dir") == ("w", "C:/dir", "onnxruntime")  # a colon that names no backend stays
