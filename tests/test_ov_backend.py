@@ -37,18 +37,39 @@ def bundle_slots(ckpts, tmp_path_factory):
     return build_bundle(tmp_path_factory.mktemp("b") / "slots", ckpts["target"], ckpts["noisy"], attention="slots")
 
 
+def test_slots_graph_same_tokens(bundle_slots, bundle_noisy):
+    """--attention slots in float32 generates what the fused graph does, with every draft, solo and batched,
+    on onnxruntime and on OpenVINO."""
+    fused = specexport.load(bundle_noisy)
+    for backend in ("onnxruntime", "openvino"):
+        pipe = specexport.load(bundle_slots, backend=backend)
+        assert pipe.target.entry.attention == "slots" and pipe.target.entry.speculative
+        for p in PROMPTS:
+            want = fused.generate(p, max_new_tokens=30, draft="none").token_ids
+            for draft, k in DRAFTS:
+                assert pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (backend, p, draft)
+        got = pipe.generate_batch(PROMPTS, max_new_tokens=30, draft="recycle")
+        assert [g.token_ids for g in got] == [fused.generate(p, max_new_tokens=30, draft="none").token_ids
+                                              for p in PROMPTS], backend
+
+
 def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
     """bfloat16 is another model (its plain decoding is the reference, as for int4); on a slots graph a
-    verify call scores every row exactly as decode calls do, so every draft, solo or batched, gives the
-    plain tokens."""
+    verify call scores a chain exactly as decode calls do, so chain drafts (a draft model, prompt lookup),
+    solo or batched, give the plain tokens; trees (recycle) are refused: their branches sit in other slots
+    than decoding puts them, which bfloat16 rounds apart."""
     pipe = specexport.load(bundle_slots, backend="openvino-bf16")
     e = pipe.target.entry
     assert e.verify_drift == 0.0 and e.speculative
     plain = [pipe.generate(p, max_new_tokens=30, draft="none").token_ids for p in PROMPTS]
     for p, want in zip(PROMPTS, plain):
-        for draft, k in DRAFTS:
+        for draft, k in DRAFTS[:3]:
             assert pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)
-    for draft in ("none", "recycle", "ngram"):  # the engine: rows at different lengths, B > 1 verify calls
+    with pytest.raises(ValueError, match="draft='recycle' would not be lossless"):
+        pipe.generate(PROMPTS[0], max_new_tokens=8, draft="recycle")
+    assert pipe.config().draft == "model"  # the bundle's separate draft model, a chain
+    assert pipe._free_draft() == "ngram"  # what the engine runs by default here
+    for draft in (None, "none", "ngram"):  # the engine: rows at different lengths, B > 1 verify calls
         got = pipe.generate_batch(PROMPTS, max_new_tokens=30, draft=draft)
         assert [g.token_ids for g in got] == plain, draft
 

@@ -88,7 +88,7 @@ class Pipeline:
             # or early-exit slice of the target) costs ~half a target step per drafted token on CPU: even reading
             # the target's cache it stayed below recycle, the best model-free drafter (docs/benchmarks.md)
             separate = self.draft is not None and self.draft.entry.kind == "checkpoint"
-            draft = "none" if not speculative else "model" if separate else "recycle"
+            draft = "model" if speculative and separate else self._free_draft()
         if draft != "none" and not speculative:
             drift = self.target.entry.verify_drift
             why = getattr(self.target, "numerics", None) or f"{self.target.entry.activations} activations"
@@ -96,6 +96,12 @@ class Pipeline:
             raise ValueError(f"this target computes with {why}: a verify call scores tokens differently from "
                              f"plain decoding (max |dlogit| {float('nan') if drift is None else drift:.2g}), so "
                              f"speculation would not be lossless; use draft='none', or {fix}")
+        if draft == "recycle" and not getattr(self.target, "exact_trees", True):
+            raise ValueError(f"this target computes with {self.target.numerics}: a tree's verify call sums a "
+                             "branch's keys in other cache slots than decoding does, which it rounds differently "
+                             "(1 of 13 Spec-Bench answers differed on SmolLM2), so draft='recycle' would not be "
+                             "lossless; use draft='ngram' (a chain scores exactly as decoding does) or 'none', "
+                             f"or {self.target.plain_only_fix}")
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"
@@ -108,6 +114,13 @@ class Pipeline:
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, sampler=sampler)
         return DecodeConfig(max_new_tokens=max_new_tokens, k=k, draft=draft, sampling=sp, ngram=ngram,
                             adaptive=adaptive)
+
+    def _free_draft(self) -> str:
+        """The default model-free draft: recycle (a tree), or prompt lookup (a chain) on a target whose tree
+        verify rows do not score exactly as its decode rows, or none on a target that cannot speculate."""
+        if not self.target.entry.speculative:
+            return "none"
+        return "recycle" if getattr(self.target, "exact_trees", True) else "ngram"
 
     def _check_fits(self, ids: list[int], cfg: DecodeConfig) -> None:
         S = self.manifest.capacity
@@ -169,7 +182,7 @@ class Pipeline:
             raise OptionError("the batching engine drafts without a model (recycle, ngram or none); "
                               "draft='model' runs through Pipeline.generate / stream")
         if opts.get("draft") is None:
-            opts = {**opts, "draft": "recycle" if self.target.entry.speculative else "none"}
+            opts = {**opts, "draft": self._free_draft()}
         cfg = self.config(**opts)
         ids = self.encode(prompt, chat)
         self._check_fits(ids, cfg)
