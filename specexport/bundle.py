@@ -393,7 +393,8 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
     their shapes (the onnxruntime session's own I/O is checked against these at load: check_graph_io)."""
     kv = [f"past_{n}.{i}" for i in range(L) for n in ("key", "value")]
     if attention != "fused":
-        want_in, want_out = ["input_ids", "position_ids", "past_mask", "new_mask"] + kv, ["logits", "new_kv"]
+        rows = ["logit_rows"] if attention == "slots" else []
+        want_in, want_out = ["input_ids", "position_ids", "past_mask", "new_mask"] + rows + kv, ["logits", "new_kv"]
     else:
         want_in = ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"] + kv
         want_out = ["logits", "new_kv", "top_ids"] + ["present_" + n[len("past_"):] for n in kv]

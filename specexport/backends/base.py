@@ -49,6 +49,11 @@ def step_inputs(cache: RingKV, ids, start: int, new_mask=None, positions=None) -
 
 
 
+def logit_rows(T: int, rows) -> np.ndarray:
+    """The `logit_rows` input of a graph that has one: the rows asked for, default all T."""
+    return np.arange(T, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+
+
 class BackendBase:
     """entry, buckets (S values, the last = capacity), dims = (L, Hkv, D), vocab, the profile T values and
     the batch sizes; new_cache / new_pool / check_profile on them."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..bundle import BundleError, ModelEntry
 from ..runtime.kv import KVPool, RingKV
-from .base import BackendBase, StepOut, step_inputs
+from .base import BackendBase, StepOut, logit_rows, step_inputs
 
 
 class OrtBackend(BackendBase):
@@ -58,9 +58,12 @@ class OrtBackend(BackendBase):
             return self._step_fused(cache, ids, start, new_mask, positions, rows)
         feeds = step_inputs(cache, ids, start, new_mask, positions)
         feeds.update(zip(self.kv_names, cache.views()))
+        if self.row_input:  # a slots graph: the LM head of the rows asked for only
+            feeds["logit_rows"] = logit_rows(T, rows)
         t = time.perf_counter()
         logits, new_kv = self.session.run(None, feeds)
-        return StepOut(logits[0], new_kv, time.perf_counter() - t).only(rows)
+        out = StepOut(logits[0], new_kv, time.perf_counter() - t)
+        return out if self.row_input else out.only(rows)
 
     def _step_fused(self, cache: RingKV, ids, start, new_mask, positions, rows) -> StepOut:
         """GroupQueryAttention graph: the cache's layer buffers are bound as both past and present, so the
@@ -78,7 +81,7 @@ class OrtBackend(BackendBase):
                  "seqlens_k": np.array([n + T - 1], dtype=np.int32), "total_len": np.array(n + T, dtype=np.int32)}
         R = T
         if self.row_input:
-            feeds["logit_rows"] = np.arange(T) if rows is None else np.asarray(rows, dtype=np.int64)
+            feeds["logit_rows"] = logit_rows(T, rows)
             R = len(feeds["logit_rows"])
         logits = np.empty((1, R, self.vocab), dtype=np.float32)
         L, Hkv, D = self.dims
@@ -149,9 +152,12 @@ class OrtBackend(BackendBase):
             feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
                      "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
             feeds.update(zip(self.kv_names, pool.views(B, first)))
+            if self.row_input:
+                feeds["logit_rows"] = logit_rows(T, pick)
             t = time.perf_counter()
             logits, new_kv = self.session.run(None, feeds)
-            return StepOut(logits if pick is None else logits[:, pick], new_kv, time.perf_counter() - t)
+            return StepOut(logits if pick is None or self.row_input else logits[:, pick], new_kv,
+                           time.perf_counter() - t)
         total = int(n.max()) + T
         bias = np.full((B, 1, T, total), -np.inf, dtype=np.float32)
         for b in range(B):  # cached slots [0, n_b) visible, then the new tokens as new_mask says
@@ -160,7 +166,7 @@ class OrtBackend(BackendBase):
         feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64), "attn_bias": bias,
                  "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
         if self.row_input:
-            feeds["logit_rows"] = np.arange(T, dtype=np.int64) if pick is None else pick
+            feeds["logit_rows"] = logit_rows(T, pick)
         R = len(feeds["logit_rows"]) if self.row_input else T
         L, Hkv, D = self.dims
         outs = {"logits": np.empty((B, R, self.vocab), dtype=np.float32),

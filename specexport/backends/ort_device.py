@@ -29,7 +29,7 @@ class OrtDeviceBackend(DeviceSteps):
                  cuda_graphs: bool = False, threads: int | None = None):
         import onnxruntime as ort
 
-        if entry.attention == "fused":
+        if entry.attention != "portable":
             raise BundleError(f"the bundle's {entry.role} was built with --attention {entry.attention} "
                               "(onnxruntime's GroupQueryAttention, CPU runtime); the onnxruntime-device backend "
                               "binds a portable graph: rebuild with --attention portable")

@@ -24,7 +24,7 @@ import numpy as np
 from ..bundle import BundleError, ModelEntry
 from ..errors import OptionError
 from ..runtime.kv import KVPool, RingKV
-from .base import BackendBase, StepOut, step_inputs
+from .base import BackendBase, StepOut, logit_rows, step_inputs
 
 PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16"}
 
@@ -60,6 +60,7 @@ class OvBackend(BackendBase):
             raise BundleError(f"{entry.graph} (models.{entry.role}.graph) lacks inputs/outputs its manifest entry "
                               f"declares ({sorted((want[0] - got[0]) | (want[1] - got[1]))[:4]}): rebuild the bundle")
         self.precision = precision
+        self.row_input = "logit_rows" in want[0]  # a slots graph computes the LM head of the rows asked for only
         self.numerics = f"{'bfloat16' if precision == 'bf16' else 'float32'} math (OpenVINO)"
         self.plain_only_fix = "load it with backend='openvino' (float32)"
         # bfloat16 rounds each partial sum: a tree node's attention over its ancestors in the call's slots
@@ -105,8 +106,12 @@ class OvBackend(BackendBase):
         self.check_profile(len(ids))
         cache.reserve(start + len(ids))
         req = self._request(cache.scratch, ("ov", id(self)), cache.data, cache.views())
-        logits, new_kv, run_s = self._run(req, step_inputs(cache, ids, start, new_mask, positions))
-        return StepOut(logits[0], new_kv, run_s).only(rows)
+        feeds = step_inputs(cache, ids, start, new_mask, positions)
+        if self.row_input:  # a slots graph: the LM head of the rows asked for only
+            feeds["logit_rows"] = logit_rows(len(ids), rows)
+        logits, new_kv, run_s = self._run(req, feeds)
+        out = StepOut(logits[0], new_kv, run_s)
+        return out if self.row_input else out.only(rows)
 
     def batch_ts(self, B: int) -> list[int]:
         return sorted(self.profile_ts)  # the portable graph runs any (B, T) it was built for
@@ -124,6 +129,8 @@ class OvBackend(BackendBase):
             new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
         feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
                  "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
+        if self.row_input:
+            feeds["logit_rows"] = logit_rows(T, rows)
         req = self._request(pool.scratch, ("ov", id(self), B, first), pool.data, pool.views(B, first))
         logits, new_kv, run_s = self._run(req, feeds)
-        return StepOut(logits if rows is None else logits[:, np.asarray(rows, dtype=np.int64)], new_kv, run_s)
+        return StepOut(logits if rows is None or self.row_input else logits[:, logit_rows(T, rows)], new_kv, run_s)

@@ -119,8 +119,9 @@ class BuildConfig:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
         _one_of(self.engine, Engine, "--engine", "tensorrt (or left out)")
         _one_of(self.attention, Attention, "--attention")
-        if self.engine and self.attention == "fused":
-            raise ValueError("--engine tensorrt needs --attention portable: TensorRT has no GroupQueryAttention")
+        if self.engine and self.attention not in (None, "portable"):
+            raise ValueError("--engine tensorrt needs --attention portable: TensorRT has no GroupQueryAttention, "
+                             "and its engines take the portable graph's inputs")
         if (not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 256
                                         for b in self.batch_sizes) or 1 not in self.batch_sizes):
             raise ValueError(f"--batch values must be integers in [1, 256] including 1, got {list(self.batch_sizes)}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..graphs.config import GraphConfig
-from ..graphs.llama import TOPK, FusedStep, LlamaGraph, empty_inputs
+from ..graphs.llama import TOPK, FusedStep, LlamaGraph, SlotsStep, empty_inputs
 
 
 def io_spec(c: GraphConfig, B: int | str = "B", attention: str = "portable") -> tuple[list, list]:
@@ -27,7 +27,9 @@ def io_spec(c: GraphConfig, B: int | str = "B", attention: str = "portable") -> 
     kv = [B, c.num_kv_heads, S, c.head_dim]
     layers = [(i, n) for i in range(c.num_layers) for n in ("key", "value")]
     step = ([{"name": "past_mask", "shape": [B, S], "dtype": "bool"},
-             {"name": "new_mask", "shape": [B, "T", "T"], "dtype": "bool"}] if attention != "fused" else
+             {"name": "new_mask", "shape": [B, "T", "T"], "dtype": "bool"}]
+            + ([{"name": "logit_rows", "shape": ["R"], "dtype": "int64"}] if attention == "slots" else [])
+            if attention != "fused" else
             [{"name": "attn_bias", "shape": [B, 1, "T", "L"], "dtype": "float32"},
              {"name": "seqlens_k", "shape": [B], "dtype": "int32"},
              {"name": "total_len", "shape": [], "dtype": "int32"},
@@ -36,7 +38,7 @@ def io_spec(c: GraphConfig, B: int | str = "B", attention: str = "portable") -> 
         {"name": "input_ids", "shape": [B, "T"], "dtype": "int64"},
         {"name": "position_ids", "shape": [B, "T"], "dtype": "int64"},
     ] + step + [{"name": f"past_{n}.{i}", "shape": kv, "dtype": "float32"} for i, n in layers]
-    rows = "T" if attention != "fused" else "R"
+    rows = "T" if attention == "portable" else "R"
     outputs = [
         {"name": "logits", "shape": [B, rows, c.vocab_size], "dtype": "float32"},
         {"name": "new_kv", "shape": [c.num_layers, 2, B, c.num_kv_heads, "T", c.head_dim], "dtype": "float32"},
@@ -54,11 +56,17 @@ def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -
     T = torch.export.Dim("T", min=1, max=S)
     Sd = torch.export.Dim("S", min=2, max=max(S, 4))
     kv = [{0: B, 2: Sd}] * (2 * c.num_layers)
-    if attention != "fused":
-        graph.slots = attention == "slots"
+    if attention == "portable":
         model, args = graph, empty_inputs(c, 2, S, B=2)
         dynamic = {"input_ids": {0: B, 1: T}, "position_ids": {0: B, 1: T}, "past_mask": {0: B, 1: Sd},
                    "new_mask": {0: B, 1: T, 2: T}, "past_kv": kv}
+    elif attention == "slots":
+        graph.slots = True
+        ids, pos, past_mask, new_mask, past = empty_inputs(c, 2, S, B=2)
+        model, args = SlotsStep(graph), (ids, pos, past_mask, new_mask, torch.tensor([1]), past)  # R != T
+        dynamic = {"input_ids": {0: B, 1: T}, "position_ids": {0: B, 1: T}, "past_mask": {0: B, 1: Sd},
+                   "new_mask": {0: B, 1: T, 2: T}, "logit_rows": {0: torch.export.Dim("R", min=1, max=S)},
+                   "past_kv": kv}
     else:
         ids, pos, _, _, past = empty_inputs(c, 3, S, B=2)
         bias = torch.zeros(2, 1, 3, 6)  # 3 cached + 3 new tokens, logits for 2 of them (R != T when tracing)

@@ -180,7 +180,7 @@ class LlamaGraph(nn.Module):
         new_kv = torch.stack(kv).view(c.num_layers, 2, *kv[0].shape)  # one Concat for the whole step
         return self.lm_head(self.model.norm(x)).float(), new_kv  # [B,T,V], [L,2,B,Hkv,T,D]
 
-    def forward(self, input_ids, position_ids, past_mask, new_mask, past_kv: list):
+    def forward(self, input_ids, position_ids, past_mask, new_mask, past_kv: list, logit_rows=None):
         c = self.c
         x = self.model.embed_tokens(input_ids)  # [B,T,E]
         rope = self.rope(position_ids, x.dtype)
@@ -209,7 +209,19 @@ class LlamaGraph(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x, k, v, _ = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, place=place)
             kv += [k, v]
-        return self.head(x, kv)
+        return self.head(x if logit_rows is None else x.index_select(1, logit_rows), kv)
+
+
+class SlotsStep(nn.Module):
+    """The step with attention "slots" (export only): LlamaGraph's inputs plus logit_rows int64 [R] before the
+    cache, as the fused graph's (a prefill chunk computes the LM head of its last row only); logits [B,R,V]."""
+
+    def __init__(self, g: LlamaGraph):
+        super().__init__()
+        self.g = g
+
+    def forward(self, input_ids, position_ids, past_mask, new_mask, logit_rows, past_kv: list):
+        return self.g(input_ids, position_ids, past_mask, new_mask, past_kv, logit_rows)
 
 
 class FusedStep(nn.Module):
