@@ -7,6 +7,7 @@ import pytest
 import specexport
 from specexport.bench.config import extra_bundle
 from specexport.bundle import BundleError
+from specexport.cli import main
 from conftest import build_bundle
 
 pytest.importorskip("openvino", reason="backend openvino needs OpenVINO: pip install 'specexport[openvino]' "
@@ -72,6 +73,18 @@ def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
     for draft in (None, "none", "ngram"):  # the engine: rows at different lengths, B > 1 verify calls
         got = pipe.generate_batch(PROMPTS, max_new_tokens=30, draft=draft)
         assert [g.token_ids for g in got] == plain, draft
+
+
+def test_generate_cli_backend(bundle_slots, bundle_noisy, capsys):
+    """`specexport generate --backend`: the same refusals, as a usage error that names the fix."""
+    assert main(["generate", str(bundle_slots), "--backend", "openvino-bf16", "--prompt", "hi", "--max-new-tokens",
+                 "6", "--draft", "ngram", "--json"]) == 0
+    assert '"finish_reason"' in capsys.readouterr().out
+    assert main(["generate", str(bundle_slots), "--backend", "openvino-bf16", "--prompt", "hi", "--draft",
+                 "recycle"]) == 2
+    assert "use draft='ngram'" in capsys.readouterr().err
+    assert main(["generate", str(bundle_noisy), "--backend", "openvino", "--prompt", "hi"]) == 2
+    assert "rebuild with --attention slots" in capsys.readouterr().err
 
 
 def test_openvino_bf16_portable_measured_at_load(bundle_portable):
