@@ -639,7 +639,7 @@ def describe(m: Manifest, root: Path | None = None) -> str:
         a = e.arch
         lines.append(f"{role}: {e.kind} {e.source.get('name')} - {a['arch']} L={a['num_layers']} "
                      f"E={a['hidden_size']} H={a['num_heads']}/{a['num_kv_heads']} D={a['head_dim']} "
-                     f"V={a['vocab_size']} rope={a['rope_type']}")
+                     f"V={a['vocab_size']} rope={a['rope_type']} attention={e.attention}")
         for name, p in e.parity.items():
             lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
                          f"top-1 {p['top1']:.2f}")
