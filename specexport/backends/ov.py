@@ -1,6 +1,6 @@
-"""The OpenVINO backend (CPU): a bundle's portable graph on OpenVINO's CPU plugin, float32 or bfloat16.
+"""The OpenVINO backend (CPU): a bundle's standard-op graph on OpenVINO's CPU plugin, float32 or bfloat16.
 
-OpenVINO reads the bundle's ONNX graph itself (standard ops only: `--attention portable`; the fused graph's
+OpenVINO reads the bundle's ONNX graph itself (`--attention slots` or `portable`; the fused graph's
 GroupQueryAttention is onnxruntime's own) and compiles it for the CPU it runs on: AVX-512 and AMX kernels where
 they exist, and with precision "bf16" every MatMul in bfloat16 (weights converted once at load, activations per
 call, float32 accumulation), half the bytes a decode step reads. The cache stays a float32 RingKV / KVPool that
@@ -10,7 +10,8 @@ graph, so rollback and the engine work unchanged.
 Losslessness: a bfloat16 model is its own target (plain decoding on this backend is the reference, as for the
 int4 modes). Speculation is lossless only if a verify call scores tokens as decode calls do: at load the
 backend measures that (`verify_drift`, the build's check) and, beyond the bundle's parity tolerance, marks the
-target plain-only (`entry.speculative` False), so drafters are refused with the number.
+target plain-only (`entry.speculative` False), so drafters are refused with the number. On a slots graph a
+bfloat16 chain scores exactly as decoding (drift 0); a tree does not always, so bfloat16 drafts are chains.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16"}
 
 
 class OvBackend(BackendBase):
-    """One model of a portable bundle on OpenVINO's CPU plugin; `precision` "f32" or "bf16"."""
+    """One model of a slots or portable bundle on OpenVINO's CPU plugin; `precision` "f32" or "bf16"."""
 
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, threads: int | None = None,
                  precision: str = "f32", batch_sizes: list | None = None):
@@ -62,7 +63,8 @@ class OvBackend(BackendBase):
         self.precision = precision
         self.row_input = "logit_rows" in want[0]  # a slots graph computes the LM head of the rows asked for only
         self.numerics = f"{'bfloat16' if precision == 'bf16' else 'float32'} math (OpenVINO)"
-        self.plain_only_fix = "load it with backend='openvino' (float32)"
+        self.plain_only_fix = ("rebuild with --attention slots, or " if entry.attention == "portable" else "") + \
+            "load it with backend='openvino' (float32)"
         # bfloat16 rounds each partial sum: a tree node's attention over its ancestors in the call's slots
         # (not contiguous, as they are once committed) can differ from its decode call even on a slots graph
         # (measured: recycle on SmolLM2 differed on 1 of 13 Spec-Bench answers, prompt lookup on none), so
