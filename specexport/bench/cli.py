@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ov-int4-model", default="models/ov-smollm2-int4", help="int4 OpenVINO IR for ov-int4*")
     p.add_argument("--extra-bundle", action="append", default=[], metavar="TAG=PATH[:BACKEND]",
                    help="another bundle for se-...@TAG methods (repeatable); :BACKEND loads it on that backend "
-                        "(e.g. :openvino-bf16 for a portable bundle), default onnxruntime")
+                        "(e.g. :openvino-bf16 for a --attention slots bundle), default onnxruntime")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: every method samples")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every question)")

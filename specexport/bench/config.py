@@ -101,7 +101,7 @@ class BenchConfig:
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         for spec in self.extra_bundles:
-            tag, path, backend = extra_bundle(spec)
+            tag, path, _ = extra_bundle(spec)
             if not tag or not path:
                 raise ValueError(f"--extra-bundle takes TAG=PATH or TAG=PATH:BACKEND, got {spec!r}")
         tags = {s.partition("=")[0] for s in self.extra_bundles}
