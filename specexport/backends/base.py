@@ -54,6 +54,22 @@ def logit_rows(T: int, rows) -> np.ndarray:
     return np.arange(T, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
 
 
+def batch_inputs(pool: KVPool, ids: np.ndarray, positions: np.ndarray, new_mask, first: int, rows,
+                 row_input: bool) -> dict:
+    """A portable or slots graph's token inputs for pool rows [first, first+B): ids and positions [B,T], each
+    row's past_mask from its committed length, new_mask [B,T,T] (default causal), and logit_rows where the
+    graph has that input. Every backend that runs those graphs on a pool feeds these."""
+    B, T = ids.shape
+    n = pool.n[first:first + B]
+    if new_mask is None:
+        new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
+    feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
+             "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
+    if row_input:
+        feeds["logit_rows"] = logit_rows(T, rows)
+    return feeds
+
+
 class BackendBase:
     """entry, buckets (S values, the last = capacity), dims = (L, Hkv, D), vocab, the profile T values and
     the batch sizes; new_cache / new_pool / check_profile on them."""

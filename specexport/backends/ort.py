@@ -13,7 +13,7 @@ import numpy as np
 
 from ..bundle import BundleError, ModelEntry
 from ..runtime.kv import KVPool, RingKV
-from .base import BackendBase, StepOut, logit_rows, step_inputs
+from .base import BackendBase, StepOut, batch_inputs, logit_rows, step_inputs
 
 
 class OrtBackend(BackendBase):
@@ -145,19 +145,16 @@ class OrtBackend(BackendBase):
                              f"sizes {self.batch_sizes}, T {self.batch_ts(B)} at B={B}, T>1 at B>1 on first "
                              f"prefill chunks only)")
         pool.reserve(int(n.max()) + T)
-        if new_mask is None:
-            new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
         pick = None if rows is None else np.asarray(rows, dtype=np.int64)
         if not self.fused:
-            feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
-                     "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
+            feeds = batch_inputs(pool, ids, positions, new_mask, first, pick, self.row_input)
             feeds.update(zip(self.kv_names, pool.views(B, first)))
-            if self.row_input:
-                feeds["logit_rows"] = logit_rows(T, pick)
             t = time.perf_counter()
             logits, new_kv = self.session.run(None, feeds)
             return StepOut(logits if pick is None or self.row_input else logits[:, pick], new_kv,
                            time.perf_counter() - t)
+        if new_mask is None:
+            new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
         total = int(n.max()) + T
         bias = np.full((B, 1, T, total), -np.inf, dtype=np.float32)
         for b in range(B):  # cached slots [0, n_b) visible, then the new tokens as new_mask says

@@ -25,7 +25,7 @@ import numpy as np
 from ..bundle import BundleError, ModelEntry
 from ..errors import OptionError
 from ..runtime.kv import KVPool, RingKV
-from .base import BackendBase, StepOut, logit_rows, step_inputs
+from .base import BackendBase, StepOut, batch_inputs, logit_rows, step_inputs
 
 PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16"}
 
@@ -60,7 +60,6 @@ class OvBackend(BackendBase):
         if not (want[0] <= got[0] and want[1] <= got[1]):
             raise BundleError(f"{entry.graph} (models.{entry.role}.graph) lacks inputs/outputs its manifest entry "
                               f"declares ({sorted((want[0] - got[0]) | (want[1] - got[1]))[:4]}): rebuild the bundle")
-        self.precision = precision
         self.row_input = "logit_rows" in want[0]  # a slots graph computes the LM head of the rows asked for only
         self.numerics = f"{'bfloat16' if precision == 'bf16' else 'float32'} math (OpenVINO)"
         self.plain_only_fix = ("rebuild with --attention slots, or " if entry.attention == "portable" else "") + \
@@ -125,14 +124,8 @@ class OvBackend(BackendBase):
         if B not in self.batch_sizes or T not in self.profile_ts or first + B > pool.rows:
             raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "
                              f"(batch sizes {self.batch_sizes}, T {sorted(self.profile_ts)})")
-        n = pool.n[first:first + B].astype(np.int64)
-        pool.reserve(int(n.max()) + T)
-        if new_mask is None:
-            new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
-        feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
-                 "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
-        if self.row_input:
-            feeds["logit_rows"] = logit_rows(T, rows)
+        pool.reserve(int(pool.n[first:first + B].max()) + T)
+        feeds = batch_inputs(pool, ids, positions, new_mask, first, rows, self.row_input)
         req = self._request(pool.scratch, ("ov", id(self), B, first), pool.data, pool.views(B, first))
         logits, new_kv, run_s = self._run(req, feeds)
         return StepOut(logits if rows is None or self.row_input else logits[:, logit_rows(T, rows)], new_kv, run_s)
