@@ -171,3 +171,27 @@ def test_generate_batch(bundles):
     assert [g.token_ids for g in pipe.generate_batch(PROMPTS[:3], max_new_tokens=12)] == want
     with pytest.raises(OptionError):
         pipe.generate_batch([])
+
+
+@pytest.mark.parametrize("attention", ["fused", "portable"])
+def test_warm_start_and_the_pool_buffer(bundles, attention):
+    """start_engine runs every call shape first (nothing committed, the cost table seeded with each decode
+    shape's time); a fused pool sits at the capacity from the start and is never reallocated while short and
+    long requests come and go; a portable pool follows the longest row's bucket. Outputs == solo."""
+    pipe = specexport.load(bundles[attention])
+    prompts = ["hi", ("long prompt " * 20)[:70], "abc abc"]
+    want = [solo(pipe, p, max_new_tokens=16) for p in prompts]
+    eng = pipe.start_engine(max_batch=4)
+    steps = {(B, T) for B in eng.batch_sizes for T in pipe.target.batch_ts(B) if T in (1, 2, 3, 5)}
+    assert steps <= set(eng.costs.seen), (steps, eng.costs.seen)
+    assert eng.counters["steps"] == 0 and not eng.pool.n.any() and len(eng.pool.free) == eng.pool.rows
+    buf, S0 = eng.pool.data, eng.pool.S
+    assert (S0 == 96) == (attention == "fused")  # 96: the test bundle's capacity
+    got = [c.wait(60).token_ids for c in [pipe.submit(p, max_new_tokens=16, draft="none") for p in prompts]]
+    assert got == want
+    if attention == "fused":
+        assert eng.pool.data is buf and eng.pool.generation == 0
+    else:
+        assert eng.pool.generation > 0  # grew for the long prompt (and shrank after it)
+    cold = pipe.start_engine(max_batch=4, warm=False)
+    assert not cold.costs.seen

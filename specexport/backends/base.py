@@ -62,7 +62,7 @@ def batch_inputs(pool: KVPool, ids: np.ndarray, positions: np.ndarray, new_mask,
     B, T = ids.shape
     n = pool.n[first:first + B]
     if new_mask is None:
-        new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
+        new_mask = np.repeat(np.tril(np.ones((1, T, T), dtype=bool)), B, axis=0)  # writeable (OpenVINO shares it)
     feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64),
              "past_mask": np.arange(pool.S)[None] < n[:, None], "new_mask": np.ascontiguousarray(new_mask)}
     if row_input:
@@ -75,6 +75,7 @@ class BackendBase:
     the batch sizes; new_cache / new_pool / check_profile on them."""
 
     host_cache = True  # the cache is a numpy array in host memory (device backends: False)
+    fixed_pool = False  # True where a call reads only each row's committed slots: its pool is never resized
 
     def __init__(self, entry: ModelEntry, buckets: list, batch_sizes: list | None = None):
         a = entry.arch
@@ -93,7 +94,7 @@ class BackendBase:
 
     def new_pool(self, rows: int) -> KVPool:
         L, Hkv, D = self.dims
-        return KVPool(L, Hkv, self.buckets, D, rows)
+        return KVPool(L, Hkv, self.buckets, D, rows, fixed=self.fixed_pool)
 
     def check_profile(self, T: int) -> None:
         if T not in self.profile_ts:

@@ -38,6 +38,7 @@ class OrtBackend(BackendBase):
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
+        self.fixed_pool = self.fused  # GroupQueryAttention reads each row's n slots whatever S is
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
         if entry.attention not in ("fused", "portable", "slots"):

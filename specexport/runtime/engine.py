@@ -195,6 +195,29 @@ class Engine:
                 c.cancel()
         return ok
 
+    def warm(self) -> float:
+        """Run each call shape the loop makes before any request does -> seconds spent. A backend's first call
+        of a shape pays for its buffers (onnxruntime grows its arena; in a VM the host maps fresh pages): up to
+        ~1 s per shape for SmolLM2 on 2 cores, which would otherwise land on the first requests' time to first
+        token and stall everyone decoding (docs/benchmarks.md). Decode and verify shapes run twice and the
+        second call seeds the cost table the choice of T reads. The calls use free rows at n = 0 and commit
+        nothing (a fused call writes only free slots)."""
+        t0, tgt, pool = time.perf_counter(), self.target, self.pool
+        chunk = tgt.entry.profiles.get("prefill", 1)
+        steps = {t for name, t in tgt.entry.profiles.items() if not name.startswith("prefill")}
+        for B in self.batch_sizes:
+            pos = np.broadcast_to(np.arange(max(tgt.profile_ts)), (B, max(tgt.profile_ts)))
+            for T in [t for t in tgt.batch_ts(B) if t in steps]:
+                for _ in range(2):
+                    out = tgt.step_batch(pool, np.zeros((B, T), dtype=np.int64), pos[:, :T].copy())
+                self.costs.update(B, T, out.run_s)
+            if B > 1 and chunk > 1:  # first prefill chunks of neighbouring rows (`_prefill_batch`)
+                tgt.step_batch(pool, np.zeros((B, chunk), dtype=np.int64), pos[:, :chunk].copy(), rows=[0])
+        row = pool.row(pool.free[0])
+        for T in sorted({t for name, t in tgt.entry.profiles.items() if name.startswith("prefill")}):
+            tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
+        return time.perf_counter() - t0
+
     # ---- the loop
     def _loop(self) -> None:
         while True:

@@ -80,12 +80,17 @@ class KVPool:
 
     Buckets: S follows the longest row. It grows to the next bucket when a row needs it (one copy of the
     pool) and shrinks back when the long rows have left (another copy), so short requests do not keep
-    paying for a long one that finished. A fused graph reads only each row's own n[r] slots whatever S is;
-    a portable graph reads all S slots of every row in the batch (masked)."""
+    paying for a long one that finished: a portable or slots graph reads all S slots of every row in the
+    batch (masked). `fixed=True` (a fused graph, which reads only each row's own n[r] slots whatever S is):
+    S is the capacity from the start and never changes, so no request waits on a copy of the pool. The
+    buffer is zero-filled lazily by the OS (np.zeros of this size maps untouched pages), so its resident
+    memory is the slots rows have written, not rows x capacity."""
 
-    def __init__(self, layers: int, kv_heads: int, buckets, head_dim: int, rows: int, dtype=np.float32):
+    def __init__(self, layers: int, kv_heads: int, buckets, head_dim: int, rows: int, dtype=np.float32,
+                 fixed: bool = False):
         self.buckets = sorted(buckets)
-        self.S = self.buckets[0]
+        self.fixed = fixed
+        self.S = self.buckets[-1] if fixed else self.buckets[0]
         self.rows = rows
         self.data = np.zeros((layers, 2, rows, kv_heads, self.S, head_dim), dtype=dtype)
         self.n = np.zeros(rows, dtype=np.int64)
@@ -127,7 +132,7 @@ class KVPool:
     def shrink(self, need: int) -> None:
         """Move to a smaller bucket when every row fits in half of it or less (hysteresis: no back and forth)."""
         b = next(b for b in self.buckets if b >= max(need, 1))
-        if b < self.S and 2 * need <= b:
+        if not self.fixed and b < self.S and 2 * need <= b:
             self._resize(b)
 
     def views(self, B: int, first: int = 0) -> list[np.ndarray]:

@@ -156,15 +156,19 @@ class Pipeline:
 
     # ---- many requests at once
     def start_engine(self, max_batch: int | None = None, max_queue: int = 64,
-                     prefill_budget: int | None = None) -> Engine:
+                     prefill_budget: int | None = None, warm: bool = True) -> Engine:
         """(Re)configure the batching engine that `submit` uses: at most `max_batch` requests decode together
         in one target call per step (default: the bundle's largest batch size), at most `max_queue` more
         wait (past that `submit` raises QueueFull); `prefill_budget`: prompt tokens prefilled per step
-        while others decode (default: one prefill chunk; no limit while nothing decodes)."""
+        while others decode (default: one prefill chunk; no limit while nothing decodes); `warm`: run each
+        call shape once now (Engine.warm: a few seconds for SmolLM2 on 2 cores) so that the first requests
+        do not pay the backend's first-call costs."""
         if self._engine is not None:
             self._engine.close()
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
                               max_queue=max_queue, prefill_budget=prefill_budget)
+        if warm:
+            self._engine.warm()
         return self._engine
 
     @property
