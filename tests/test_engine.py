@@ -189,8 +189,13 @@ def test_warm_start_and_the_pool_buffer(bundles, attention):
     assert (S0 == 96) == (attention == "fused")  # 96: the test bundle's capacity
     got = [c.wait(60).token_ids for c in [pipe.submit(p, max_new_tokens=16, draft="none") for p in prompts]]
     assert got == want
+    st, slot = eng.stats(), eng.pool.data[:, :, 0, :, 0].nbytes  # bytes of one slot of one row
     if attention == "fused":
         assert eng.pool.data is buf and eng.pool.generation == 0
+        # resident: the slots the three rows were written up to (prompt - 1 + 16 each, at most), not 4 x 96
+        want_high = sorted(len(pipe.encode(p)) - 1 + 16 for p in prompts)
+        assert sorted(eng.pool.high[eng.pool.high > 0]) == want_high
+        assert st["pool_bytes"] == st["pool_peak_bytes"] == sum(want_high) * slot < eng.pool.data.nbytes
     else:
         assert eng.pool.generation > 0  # grew for the long prompt (and shrank after it)
     cold = pipe.start_engine(max_batch=4, warm=False)

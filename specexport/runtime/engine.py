@@ -176,7 +176,7 @@ class Engine:
                     "tokens": self.counters["tokens"], "finished": dict(self.counters["finished"]),
                     "batch": dict(self.counters["batch"]), "prefill_batch": dict(self.counters["prefill_batch"]),
                     "prefill_budget": self.prefill_budget, "pool_slots": self.pool.S,
-                    "pool_bytes": int(self.pool.data.nbytes), "pool_peak_bytes": int(self.pool.peak_bytes)}
+                    "pool_bytes": self.pool.resident_bytes, "pool_peak_bytes": self.pool.peak_bytes}
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop taking requests, cancel the waiting ones, let the running ones finish (up to `timeout` s,

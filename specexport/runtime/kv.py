@@ -94,8 +94,9 @@ class KVPool:
         self.rows = rows
         self.data = np.zeros((layers, 2, rows, kv_heads, self.S, head_dim), dtype=dtype)
         self.n = np.zeros(rows, dtype=np.int64)
+        self.high = np.zeros(rows, dtype=np.int64)  # slots each row has had committed (fixed: pages touched)
         self.free = list(range(rows))
-        self.peak_bytes = self.data.nbytes  # the largest the buffer has been
+        self._peak = self.data.nbytes  # the largest the buffer has been (bucketed)
         self.generation = 0  # bumps whenever `data` is reallocated (backends cache bindings per generation)
         self.scratch: dict = {}  # a backend's bindings of this buffer (cleared when it is reallocated)
 
@@ -118,9 +119,22 @@ class KVPool:
         grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
         grown[:, :, :, :, :keep] = self.data[:, :, :, :, :keep]
         self.data, self.S = grown, S
-        self.peak_bytes = max(self.peak_bytes, grown.nbytes)
+        self._peak = max(self._peak, grown.nbytes)
         self.generation += 1
         self.scratch.clear()
+
+    @property
+    def resident_bytes(self) -> int:
+        """The buffer's bytes in memory: all of it when bucketed; for a fixed pool about the slots rows have
+        written (np.zeros pages are mapped when first written; a row's slots [0, high) per layer, head)."""
+        if not self.fixed:
+            return int(self.data.nbytes)
+        return int(self.high.sum()) * self.data[:, :, 0, :, 0].nbytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most resident_bytes has been (a fixed pool's only grows: its rows' pages stay mapped)."""
+        return self.resident_bytes if self.fixed else self._peak
 
     def reserve(self, n: int) -> None:
         """Room for positions [0, n) in every row."""
@@ -151,6 +165,7 @@ class KVPool:
         # new_kv: [L,2,B,Hkv,T,D]; a contiguous slot range takes a slice (basic indexing, one copy)
         self.data[:, :, r, :, n:n + m, :] = new_kv[:, :, b][:, :, :, rows]
         self.n[r] = n + m
+        self.high[r] = max(self.high[r], n + m)
 
     def row(self, r: int) -> "PoolRow":
         return PoolRow(self, r)
