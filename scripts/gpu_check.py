@@ -9,7 +9,8 @@ random target + noisy draft checkpoint (transformers' save_pretrained), their bu
 transformers' eager greedy generate, computed here.
 
 `run` checks, for every backend it can run there, that greedy output equals that reference with every draft
-(none, model, ngram, recycle), and times one step of a SmolLM2-shaped and a Llama-7B-shaped model with random
+(none, model, ngram, recycle), that the batching engine on the torch backend gives each request its solo
+tokens (every prompt at once: B > 1 calls, CUDA-graph captured per (B, T) on CUDA), and times one step of a SmolLM2-shaped and a Llama-7B-shaped model with random
 weights (speed does not depend on the values) eagerly and replayed from CUDA graphs, float32 and bfloat16.
 It prints a markdown report and writes it to $OUT/gpu_check.md (or --out). Without CUDA it runs the CPU rows
 only (a dry run of the script itself).
@@ -144,6 +145,46 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
     return rows
 
 
+def check_batched(pack: Path, cuda: bool) -> list[str]:
+    """The batching engine on the torch backend (pool rows in a device tensor; on CUDA each (B, T) step captured
+    in a CUDA graph): every prompt submitted at once, each request's tokens against its solo run on the same
+    backend, and the batch's tokens/s."""
+    import torch
+
+    import specexport
+    from specexport import bundle
+    from specexport.backends.torch_graphs import TorchBackend
+
+    m = bundle.read(pack / "bundle")
+    cases = json.loads((pack / "reference.json").read_text())
+    sd = torch.load(pack / "target.pt")
+    variants = {"torch CPU eager": ("cpu", False)}
+    if cuda:
+        variants |= {"torch CUDA eager fp32": ("cuda", False), "torch CUDA graphs fp32": ("cuda", True)}
+    rows = ["| backend | draft | requests | max batch | tokens/s | identical to solo |", "|---|---|---|---|---|---|"]
+    for name, (device, graphs) in variants.items():
+        try:
+            pipe = specexport.load(pack / "bundle", verify=False)  # tokenizer and config; the target replaced:
+            pipe.target = TorchBackend(pack / "bundle", m.target, m.buckets, device=device, cuda_graphs=graphs,
+                                       state_dict=sd, batch_sizes=m.batch_sizes)  # the checkpoint is not here
+            solo = [pipe.generate(c["ids"], max_new_tokens=NEW, draft="none").token_ids for c in cases]
+            B = min(len(cases), m.batch_sizes[-1])
+            for draft in ("none", "ngram", "recycle"):
+                pipe.start_engine(max_batch=B)  # warms every (B, T) shape: CUDA-graph captures happen here
+                t0 = time.perf_counter()
+                outs = [c.wait(600).token_ids for c in
+                        [pipe.submit(c["ids"], max_new_tokens=NEW, draft=draft) for c in cases]]
+                secs = time.perf_counter() - t0
+                same = sum(o == w for o, w in zip(outs, solo))
+                rows.append(f"| {name} | {draft} | {len(cases)} | {B} | {sum(map(len, outs)) / secs:.0f} | "
+                            f"{same}/{len(cases)} |")
+                print(rows[-1], flush=True)
+        except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others' rows
+            rows.append(f"| {name} | - | - | - | - | FAILED: {type(e).__name__}: {str(e)[:200]} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 SHAPES = {  # GraphConfig numbers of the real models; weights random
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                          num_kv_heads=3, head_dim=64, tie_word_embeddings=True),
@@ -223,9 +264,11 @@ def run(pack: Path, out: Path) -> None:
         pass
     print("\n".join(head), flush=True)
     rows = check_backends(pack, cuda)
+    batched = check_batched(pack, cuda)
     timing = (time_steps(pack, "cuda", ["smollm2-135m", "llama-7b"], [torch.float32, torch.bfloat16]) if cuda
               else ["(step timings need CUDA: skipped)"])
     text = "\n".join(head + ["", "## Greedy output vs transformers (tiny random checkpoints)", ""] + rows +
+                     ["", "## Many requests at once: the batching engine, each request vs its solo run", ""] + batched +
                      ["", "## One step, median of 30 (includes input upload and logits download)", ""] + timing)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.md").write_text(text + "\n")

@@ -19,6 +19,26 @@ def test_torch_backend_matches_onnxruntime(bundle_noisy):
     assert g.token_ids == ort_pipe.generate(PROMPTS[0], max_new_tokens=30, temperature=0.8, seed=3, draft="none").token_ids
 
 
+def test_torch_backend_batches_requests_on_its_device_pool(bundle_noisy, bundle_portable):
+    """The engine on the torch backend: pool rows in a device tensor (CPU here), B > 1 calls that verify
+    drafts too; every request == its solo run on the same backend. A backend without batch calls is refused
+    at start_engine with the fix."""
+    from specexport.errors import OptionError
+
+    prompts = PROMPTS + ["abc abc abc abc", "Q: 12+7? A:", "to be or not to be"]
+    pipe = specexport.load(bundle_noisy, backend="torch")
+    want = [pipe.generate(p, max_new_tokens=24, draft="none").token_ids for p in prompts]
+    pipe.start_engine(max_batch=4, warm=False)  # the cost table then holds only the calls the requests made
+    cs = [pipe.submit(p, max_new_tokens=24, draft=d, k=4) for p, d in zip(prompts, ["none", "recycle", "ngram"] * 2)]
+    assert [c.wait(120).token_ids for c in cs] == want
+    seen = pipe.engine.costs.seen
+    assert any(B > 1 and T > 1 for B, T in seen), seen  # batched verify calls ran
+    assert type(pipe.engine.pool.data) is torch.Tensor
+    dev = specexport.load(bundle_portable, backend="onnxruntime-device", device="cpu")
+    with pytest.raises(OptionError, match="runs one sequence per call.*generate and stream"):
+        dev.submit("hello", max_new_tokens=4)
+
+
 def test_torch_backend_refuses_onnx_only_models(ckpts, tmp_path):
     from conftest import build_bundle
 

@@ -23,7 +23,7 @@ def open_model(kind: str, root: Path, entry, manifest, threads: int | None = Non
         return OrtBackend(root, entry, manifest.buckets, threads, batch_sizes=manifest.batch_sizes)
     if kind == "torch":
         from .torch_graphs import TorchBackend
-        return TorchBackend(root, entry, manifest.buckets, device=device)
+        return TorchBackend(root, entry, manifest.buckets, device=device, batch_sizes=manifest.batch_sizes)
     if kind == "onnxruntime-device":
         from .ort_device import OrtDeviceBackend
         return OrtDeviceBackend(root, entry, manifest.buckets, device=device, threads=threads)

@@ -17,8 +17,8 @@ import torch
 from ..bundle import ModelEntry
 from ..graphs.config import GraphConfig
 from ..graphs.llama import build
-from ..runtime.kv import RingKV
-from .base import BackendBase, StepOut, step_inputs
+from ..runtime.kv import KVPool, RingKV
+from .base import BackendBase, StepOut, batch_inputs, step_inputs
 
 
 class TorchRingKV(RingKV):
@@ -27,6 +27,20 @@ class TorchRingKV(RingKV):
     def __init__(self, layers, kv_heads, buckets, head_dim, device, dtype=torch.float32):
         self.device, self.torch_dtype = device, dtype  # before RingKV.__init__, which allocates through _zeros
         super().__init__(layers, kv_heads, buckets, head_dim)
+
+    def _zeros(self, shape, dtype):
+        return torch.zeros(shape, dtype=self.torch_dtype, device=self.device)
+
+    def _index(self, idx):
+        return torch.as_tensor(np.asarray(idx), device=self.device)
+
+
+class TorchKVPool(KVPool):
+    """KVPool whose buffer is a torch tensor on `device` (the engine's rows, for the torch backend)."""
+
+    def __init__(self, layers, kv_heads, buckets, head_dim, rows, device, dtype=torch.float32):
+        self.device, self.torch_dtype = device, dtype
+        super().__init__(layers, kv_heads, buckets, head_dim, rows)
 
     def _zeros(self, shape, dtype):
         return torch.zeros(shape, dtype=self.torch_dtype, device=self.device)
@@ -94,7 +108,7 @@ class TorchBackend(BackendBase):
 
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, device: str = "cpu",
                  cuda_graphs: bool | None = None, dtype: torch.dtype = torch.float32, state_dict: dict | None = None,
-                 graph: torch.nn.Module | None = None):
+                 graph: torch.nn.Module | None = None, batch_sizes: list | None = None):
         """dtype: float32 (bit-for-bit the bundle's ONNX graphs up to kernel rounding), or float16 / bfloat16
         weights, activations and cache (faster on a GPU; greedy output may then differ from float32's).
         state_dict: the checkpoint's tensors, if not read from the manifest's source path; graph: an already
@@ -102,7 +116,7 @@ class TorchBackend(BackendBase):
         if entry.kind not in ("checkpoint", "early-exit"):
             raise ValueError(f"the torch backend cannot run the {entry.kind} {entry.role} (ONNX-only); use the "
                              "onnxruntime backend, or a bundle whose draft is a checkpoint or self:layers=N")
-        super().__init__(entry, buckets)
+        super().__init__(entry, buckets, batch_sizes)
         self.device = torch.device(device)
         c = GraphConfig.from_summary(entry.arch)
         if graph is None:
@@ -111,11 +125,15 @@ class TorchBackend(BackendBase):
         self.graph.inv_freq = torch.tensor(c.inv_freq, dtype=torch.float32, device=self.device)  # angles in fp32
         self.dtype = dtype
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self._graphs: dict = {}  # (T, S, cache buffer address) -> (graph, static inputs, static outputs)
+        self._graphs: dict = {}  # (B, T, S, cache buffer address) -> (graph, static inputs, static outputs)
 
     def new_cache(self) -> TorchRingKV:
         L, Hkv, D = self.dims
         return TorchRingKV(L, Hkv, self.buckets, D, device=self.device, dtype=self.dtype)
+
+    def new_pool(self, rows: int) -> TorchKVPool:
+        L, Hkv, D = self.dims
+        return TorchKVPool(L, Hkv, self.buckets, D, rows, device=self.device, dtype=self.dtype)
 
     def _inputs(self, cache, ids, start, new_mask, positions):
         x = step_inputs(cache, ids, start, new_mask, positions)
@@ -128,15 +146,38 @@ class TorchBackend(BackendBase):
         t = time.perf_counter()
         x = self._inputs(cache, ids, start, new_mask, positions)
         with torch.no_grad():
-            if self.cuda_graphs:
-                logits, new_kv = self._replay(cache, T, x)
-            else:
-                logits, new_kv = self.graph(*x)
+            logits, new_kv = self._run(cache, 1, T, x)
             out = host_logits(logits[0], rows)
         return StepOut(out, new_kv, time.perf_counter() - t)
 
-    def _replay(self, cache, T, x):
-        key = (T, cache.S, cache.data.data_ptr())
+    # ---- many sequences per call (the engine)
+    def batch_ts(self, B: int) -> list[int]:
+        return sorted(self.profile_ts)  # the graphs/ module takes per-row masks: any (B, T) it was built for
+
+    def step_batch(self, pool: TorchKVPool, ids: np.ndarray, positions: np.ndarray,
+                   new_mask: np.ndarray | None = None, first: int = 0, rows=None) -> StepOut:
+        """As OrtBackend.step_batch on a portable graph: pool rows [first, first+B), nothing committed; logits
+        [B,R,V] on the host, new_kv on the device (the pool commits from it there)."""
+        B, T = ids.shape
+        if B not in self.batch_sizes or T not in self.profile_ts or first + B > pool.rows:
+            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "
+                             f"(batch sizes {self.batch_sizes}, T {sorted(self.profile_ts)})")
+        pool.reserve(int(pool.n[first:first + B].max()) + T)
+        t = time.perf_counter()
+        feeds = batch_inputs(pool, ids, positions, new_mask, first, None, False)
+        x = (*(torch.as_tensor(a).to(self.device) for a in feeds.values()), pool.views(B, first))
+        with torch.no_grad():
+            logits, new_kv = self._run(pool, B, T, x)
+            out = (logits if rows is None else logits[:, list(rows)]).float().to("cpu", copy=True).numpy()
+        return StepOut(out, new_kv, time.perf_counter() - t)
+
+    def _run(self, cache, B: int, T: int, x):
+        return self._replay(cache, B, T, x) if self.cuda_graphs else self.graph(*x)
+
+    def _replay(self, cache, B, T, x):
+        """On CUDA: the step of this (B, T) and cache buffer captured once in a CUDA graph, then replayed with
+        the new inputs copied into its static ones (x[4]: the cache's layer views, fixed per buffer)."""
+        key = (B, T, cache.S, x[4][0].data_ptr())
         if key not in self._graphs:
             static = [a.clone() for a in x[:4]]
             s = torch.cuda.Stream()

@@ -92,13 +92,15 @@ class KVPool:
         self.fixed = fixed
         self.S = self.buckets[-1] if fixed else self.buckets[0]
         self.rows = rows
-        self.data = np.zeros((layers, 2, rows, kv_heads, self.S, head_dim), dtype=dtype)
+        self.data = self._zeros((layers, 2, rows, kv_heads, self.S, head_dim), dtype)
         self.n = np.zeros(rows, dtype=np.int64)
         self.high = np.zeros(rows, dtype=np.int64)  # slots each row has had committed (fixed: pages touched)
         self.free = list(range(rows))
         self._peak = self.data.nbytes  # the largest the buffer has been (bucketed)
         self.generation = 0  # bumps whenever `data` is reallocated (backends cache bindings per generation)
         self.scratch: dict = {}  # a backend's bindings of this buffer (cleared when it is reallocated)
+
+    _zeros, _index = staticmethod(RingKV._zeros), staticmethod(RingKV._index)  # a device pool overrides both
 
     def acquire(self) -> int | None:
         if not self.free:
@@ -116,7 +118,7 @@ class KVPool:
         # only the committed slots move (slots past every row's n hold nothing anyone reads back); the rest
         # of the new buffer stays zero, so a portable graph's masked reads of free slots see finite values
         keep = min(S, self.S, int(self.n.max()))
-        grown = np.zeros(self.data.shape[:4] + (S, self.data.shape[5]), dtype=self.data.dtype)
+        grown = self._zeros(tuple(self.data.shape[:4]) + (S, self.data.shape[5]), self.data.dtype)
         grown[:, :, :, :, :keep] = self.data[:, :, :, :, :keep]
         self.data, self.S = grown, S
         self._peak = max(self._peak, grown.nbytes)
@@ -163,7 +165,7 @@ class KVPool:
         n = int(self.n[r])
         self.reserve(n + m)
         # new_kv: [L,2,B,Hkv,T,D]; a contiguous slot range takes a slice (basic indexing, one copy)
-        self.data[:, :, r, :, n:n + m, :] = new_kv[:, :, b][:, :, :, rows]
+        self.data[:, :, r, :, n:n + m, :] = new_kv[:, :, b][:, :, :, self._index(rows)]
         self.n[r] = n + m
         self.high[r] = max(self.high[r], n + m)
 

@@ -35,7 +35,7 @@ class Pipeline:
     def __init__(self, path: str | Path, threads: int | None = None, verify: bool = True,
                  backend: str = "onnxruntime", device: str = "cpu"):
         threads, verify, backend, device = validate.load_args(threads, verify, backend, device)
-        self.root = Path(path)
+        self.root, self.backend = Path(path), backend
         self.manifest = bundle.read(self.root, verify=verify)
         m = self.manifest
         def make(e):
@@ -163,6 +163,10 @@ class Pipeline:
         while others decode (default: one prefill chunk; no limit while nothing decodes); `warm`: run each
         call shape once now (Engine.warm: a few seconds for SmolLM2 on 2 cores) so that the first requests
         do not pay the backend's first-call costs."""
+        if not hasattr(self.target, "step_batch"):
+            raise OptionError(f"backend {self.backend!r} runs one sequence per call: the batching engine (submit, "
+                              "generate_batch, the server) needs backend onnxruntime, openvino or torch; "
+                              "generate and stream work on this one")
         if self._engine is not None:
             self._engine.close()
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
