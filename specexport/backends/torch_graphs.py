@@ -21,12 +21,9 @@ from ..runtime.kv import KVPool, RingKV
 from .base import BackendBase, StepOut, batch_inputs, step_inputs
 
 
-class TorchRingKV(RingKV):
-    """RingKV whose buffer is a torch tensor on `device`: commit is an on-device indexed copy."""
-
-    def __init__(self, layers, kv_heads, buckets, head_dim, device, dtype=torch.float32):
-        self.device, self.torch_dtype = device, dtype  # before RingKV.__init__, which allocates through _zeros
-        super().__init__(layers, kv_heads, buckets, head_dim)
+class OnDevice:
+    """A cache whose buffer is a torch tensor on `device` (set before the cache's __init__ allocates through
+    _zeros): commit is an on-device indexed copy."""
 
     def _zeros(self, shape, dtype):
         return torch.zeros(shape, dtype=self.torch_dtype, device=self.device)
@@ -35,18 +32,18 @@ class TorchRingKV(RingKV):
         return torch.as_tensor(np.asarray(idx), device=self.device)
 
 
-class TorchKVPool(KVPool):
-    """KVPool whose buffer is a torch tensor on `device` (the engine's rows, for the torch backend)."""
+class TorchRingKV(OnDevice, RingKV):
+    def __init__(self, layers, kv_heads, buckets, head_dim, device, dtype=torch.float32):
+        self.device, self.torch_dtype = device, dtype
+        super().__init__(layers, kv_heads, buckets, head_dim)
+
+
+class TorchKVPool(OnDevice, KVPool):
+    """The engine's pool of rows on the device (the torch backend's batch calls)."""
 
     def __init__(self, layers, kv_heads, buckets, head_dim, rows, device, dtype=torch.float32):
         self.device, self.torch_dtype = device, dtype
         super().__init__(layers, kv_heads, buckets, head_dim, rows)
-
-    def _zeros(self, shape, dtype):
-        return torch.zeros(shape, dtype=self.torch_dtype, device=self.device)
-
-    def _index(self, idx):
-        return torch.as_tensor(np.asarray(idx), device=self.device)
 
 
 def static_buffers(dims: tuple, vocab: int, T: int, S: int, device) -> dict:
@@ -86,9 +83,9 @@ def fill_inputs(b: dict, cache, ids, start: int, new_mask=None, positions=None) 
 
 
 def host_logits(logits: torch.Tensor, rows=None) -> np.ndarray:
-    """A step's [T,V] device logits -> float32 numpy, only `rows` if given: the one device-to-host copy of a
-    step (a prefill chunk copies its last row, not T)."""
-    return (logits if rows is None else logits[list(rows)]).float().to("cpu", copy=True).numpy()
+    """A step's [T,V] (or [B,T,V]) device logits -> float32 numpy, only rows `rows` of T if given: the one
+    device-to-host copy of a step (a prefill chunk copies its last row, not T)."""
+    return (logits if rows is None else logits[..., list(rows), :]).float().to("cpu", copy=True).numpy()
 
 
 def load_state_dict(path: Path) -> dict:
@@ -168,7 +165,7 @@ class TorchBackend(BackendBase):
         x = (*(torch.as_tensor(a).to(self.device) for a in feeds.values()), pool.views(B, first))
         with torch.no_grad():
             logits, new_kv = self._run(pool, B, T, x)
-            out = (logits if rows is None else logits[:, list(rows)]).float().to("cpu", copy=True).numpy()
+            out = host_logits(logits, rows)
         return StepOut(out, new_kv, time.perf_counter() - t)
 
     def _run(self, cache, B: int, T: int, x):

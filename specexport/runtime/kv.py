@@ -33,7 +33,7 @@ class RingKV:
         grown[:, :, :, :, :self.S] = self.data  # positions < old S keep their slots (no wrap yet)
         self.data, self.S, self._slot = grown, S, np.arange(S)
 
-    # array backend: numpy here; a device backend overrides these two (see backends/torch_graphs.TorchRingKV)
+    # array backend: numpy here; a device backend overrides these two (see backends/torch_graphs.OnDevice)
     @staticmethod
     def _zeros(shape, dtype):
         return np.zeros(shape, dtype=dtype)
