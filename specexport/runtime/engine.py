@@ -283,7 +283,8 @@ class Engine:
 
     def _room(self) -> int:
         """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
-        pool is sized to it at admission and shrinks to it as requests leave (each resize copies the pool)."""
+        pool (bucketed: portable and slots graphs) is sized to it at admission and shrinks to it as requests leave
+        (each resize copies the pool); a fixed pool (fused) ignores both."""
         # a decode step's most rows (the prefill profiles are not decode steps)
         T = max(t for name, t in self.target.entry.profiles.items() if not name.startswith("prefill"))
         need = max((s.c.generation.stats.prompt_tokens + s.cfg.max_new_tokens + T for s in self._active), default=1)
