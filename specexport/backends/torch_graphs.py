@@ -1,5 +1,6 @@
-"""Torch backend: the graphs/ modules run eagerly in torch (CPU or CUDA), the KV ring buffer kept on the
-device, and on CUDA each (profile T, bucket S) step captured once in a torch.cuda.CUDAGraph and replayed.
+"""Torch backend: the graphs/ modules run eagerly in torch (CPU or CUDA), the KV ring buffer (one sequence) or
+the engine's pool (many) kept on the device, and on CUDA each (rows B, profile T, bucket S) step captured once
+in a torch.cuda.CUDAGraph and replayed.
 
 Optional: imported only when asked for (`specexport.load(..., backend="torch")`); it lives outside runtime/
 so the ONNX Runtime path never imports torch. Needs the model's float32 checkpoint (the manifest's source path, safetensors), so it
