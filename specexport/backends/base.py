@@ -96,6 +96,16 @@ class BackendBase:
         L, Hkv, D = self.dims
         return KVPool(L, Hkv, self.buckets, D, rows, fixed=self.fixed_pool)
 
+    def batch_call(self, pool: KVPool, ids: np.ndarray, first: int) -> tuple[int, int]:
+        """(B, T) of a call of ids [B,T] on pool rows [first, first+B) for a graph that runs any built (B, T)
+        (portable, slots): checked against the batch sizes and profiles, the pool reserved for it."""
+        B, T = ids.shape
+        if B not in self.batch_sizes or T not in self.profile_ts or first + B > pool.rows:
+            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "
+                             f"(batch sizes {self.batch_sizes}, T {sorted(self.profile_ts)})")
+        pool.reserve(int(pool.n[first:first + B].max()) + T)
+        return B, T
+
     def check_profile(self, T: int) -> None:
         if T not in self.profile_ts:
             raise OptionError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")

@@ -120,11 +120,7 @@ class OvBackend(BackendBase):
     def step_batch(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray,
                    new_mask: np.ndarray | None = None, first: int = 0, rows=None) -> StepOut:
         """As OrtBackend.step_batch on a portable graph: pool rows [first, first+B), nothing committed."""
-        B, T = ids.shape
-        if B not in self.batch_sizes or T not in self.profile_ts or first + B > pool.rows:
-            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "
-                             f"(batch sizes {self.batch_sizes}, T {sorted(self.profile_ts)})")
-        pool.reserve(int(pool.n[first:first + B].max()) + T)
+        B, T = self.batch_call(pool, ids, first)
         feeds = batch_inputs(pool, ids, positions, new_mask, first, rows, self.row_input)
         req = self._request(pool.scratch, ("ov", id(self), B, first), pool.data, pool.views(B, first))
         logits, new_kv, run_s = self._run(req, feeds)

@@ -156,11 +156,7 @@ class TorchBackend(BackendBase):
                    new_mask: np.ndarray | None = None, first: int = 0, rows=None) -> StepOut:
         """As OrtBackend.step_batch on a portable graph: pool rows [first, first+B), nothing committed; logits
         [B,R,V] on the host, new_kv on the device (the pool commits from it there)."""
-        B, T = ids.shape
-        if B not in self.batch_sizes or T not in self.profile_ts or first + B > pool.rows:
-            raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "
-                             f"(batch sizes {self.batch_sizes}, T {sorted(self.profile_ts)})")
-        pool.reserve(int(pool.n[first:first + B].max()) + T)
+        B, T = self.batch_call(pool, ids, first)
         t = time.perf_counter()
         feeds = batch_inputs(pool, ids, positions, new_mask, first, None, False)
         x = (*(torch.as_tensor(a).to(self.device) for a in feeds.values()), pool.views(B, first))
