@@ -54,7 +54,7 @@ DIM_NAMES = ("B", "T", "S", "L", "R")  # docs/design.md: batch, new tokens, cach
 
 # ModelEntry fields that manifest.json keeps in a "notes" object (where bundles have always kept them), each
 # written only when it differs from its default
-NOTES = ("verify_drift", "speculative", "activations", "float32_graph_parity")
+NOTES = ("verify_drift", "speculative", "activations", "float32_graph_parity", "mixed")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,9 @@ class ModelEntry:
     speculative: bool = True
     activations: Activations | None = None  # a quantised target: how its MatMulNBits compute
     float32_graph_parity: dict | None = None  # a quantised target: the parity report of the graph it came from
+    # a fused target's mixed graph (the engine's: a batch of decode rows plus `groups` single-sequence groups
+    # in one call): {"graph": file, "groups": N, "max_abs": its largest |dlogit| from the fused graph's calls}
+    mixed: dict | None = None
 
     @staticmethod
     def from_dict(d: dict) -> "ModelEntry":
@@ -319,6 +322,15 @@ def _check_model(e, where: str, role: str, S: int, B: int, files: dict) -> None:
         _str(notes["activations"], f"{where}.notes.activations", choices=("float32", "int8"))
     if "float32_graph_parity" in notes:
         _check_parity(notes["float32_graph_parity"], f"{where}.notes.float32_graph_parity", S)
+    if "mixed" in notes:
+        mixed = _obj(notes["mixed"], f"{where}.notes.mixed", required=("graph", "groups", "max_abs"))
+        _listed(mixed["graph"], f"{where}.notes.mixed.graph", files)
+        if not mixed["graph"].endswith(".onnx") or mixed["graph"] == e["graph"]:
+            raise _bad(f"{where}.notes.mixed.graph", "must name an .onnx file other than the graph", mixed["graph"])
+        _int(mixed["groups"], f"{where}.notes.mixed.groups", lo=1, hi=8)
+        _num(mixed["max_abs"], f"{where}.notes.mixed.max_abs", lo=0)
+        if attention != "fused":
+            raise _bad(f"{where}.notes.mixed", "is for a fused graph only", attention)
     engine = _obj(e.get("engine", {}), f"{where}.engine", free=True)
     if engine:
         _listed(engine.get("file"), f"{where}.engine.file", files)

@@ -27,7 +27,7 @@ def cmd_build(a) -> int:
                       long_prefill=None if a.long_prefill is None else tuple(t for t in a.long_prefill if t),
                       target_quant=a.quantize_target, target_activations=a.target_activations,
                       engine=a.engine, engine_precision=a.engine_precision, attention=a.attention,
-                      batch_sizes=a.batch)
+                      batch_sizes=a.batch, mixed_groups=a.mixed_groups)
     m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)),
               progress=sys.stderr.isatty() and not a.quiet)
     if not a.quiet:
@@ -124,6 +124,10 @@ def parser() -> argparse.ArgumentParser:
                    "(requests per target call; the largest is parity-checked with rows at different cache lengths). "
                    "With --attention fused a call of B > 1 rows runs one new token per row (plain decoding); "
                    "--attention portable batches speculative verify calls too")
+    b.add_argument("--mixed-groups", type=int, default=1, help="a fused float32 target built with a batch size "
+                   "above 1 also gets the batching engine's mixed graph: a batch of decode rows plus this many "
+                   "single-sequence groups (a prefill chunk, a verify tree) in ONE call, the weights read once; "
+                   "it shares the target's weights file; 0 for none")
     b.add_argument("--capacity", type=int, default=2048, help="KV slots S: prompt + new tokens must fit")
     b.add_argument("--prefill-chunk", type=int, default=64, help="T of the prefill profile (the chunk the "
                    "batching engine interleaves with other requests' decode steps)")

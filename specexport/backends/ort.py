@@ -38,6 +38,7 @@ class OrtBackend(BackendBase):
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
+        self.root, self._mixed = root, None
         self.fixed_pool = self.fused  # GroupQueryAttention reads each row's n slots whatever S is
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
@@ -94,15 +95,15 @@ class OrtBackend(BackendBase):
         out = StepOut(logits[0], new_kv, run_s, outs["top_ids"][0] if self.top_k else None)
         return out if self.row_input else out.only(rows)
 
-    def _run_bound(self, io, feeds: dict, outs: dict) -> float:
+    def _run_bound(self, io, feeds: dict, outs: dict, session=None) -> float:
         """Bind the step's small inputs and preallocated outputs to `io` (its cache already bound), run ->
-        seconds inside the run call."""
+        seconds inside the run call (on `session`, default the model's)."""
         for name, a in feeds.items():
             io.bind_cpu_input(name, a)
         for name, a in outs.items():
             io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
         t = time.perf_counter()
-        self.session.run_with_iobinding(io)
+        (session or self.session).run_with_iobinding(io)
         return time.perf_counter() - t
 
     def _binding(self, cache: RingKV):
@@ -154,15 +155,7 @@ class OrtBackend(BackendBase):
             logits, new_kv = self.session.run(None, feeds)
             return StepOut(logits if pick is None or self.row_input else logits[:, pick], new_kv,
                            time.perf_counter() - t)
-        if new_mask is None:
-            new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
-        total = int(n.max()) + T
-        bias = np.full((B, 1, T, total), -np.inf, dtype=np.float32)
-        for b in range(B):  # cached slots [0, n_b) visible, then the new tokens as new_mask says
-            bias[b, 0, :, :n[b]] = 0.0
-            bias[b, 0, :, n[b]:n[b] + T] = np.where(new_mask[b], 0.0, -np.inf)
-        feeds = {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64), "attn_bias": bias,
-                 "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
+        feeds = fused_feeds(n, ids, positions, new_mask)
         if self.row_input:
             feeds["logit_rows"] = logit_rows(T, pick)
         R = len(feeds["logit_rows"]) if self.row_input else T
@@ -192,3 +185,129 @@ class OrtBackend(BackendBase):
                 io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
             pool.scratch[key] = io
         return io
+
+    # ---- the mixed graph (a fused target's `mixed` note): a batch and single-sequence groups in one call
+    @property
+    def groups(self) -> int:
+        """How many single-sequence groups a mixed call can carry (0: no mixed graph)."""
+        return self.entry.mixed["groups"] if self.entry.mixed and self.fused else 0
+
+    def _mixed_session(self):
+        """The mixed graph's InferenceSession, opened at its first use (the engine's warm start): a second
+        session, so its prepacked weights are a second copy in memory (the file shares the weights on disk)."""
+        if self._mixed is None:
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = self.session.get_session_options().intra_op_num_threads
+            so.inter_op_num_threads = 1
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), so,
+                                        providers=self.session.get_providers())
+            want = mixed_names(self.kv_names, self.groups)
+            got = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
+            if got != want:
+                raise BundleError(f"{self.entry.mixed['graph']}: its inputs/outputs are not those of a mixed graph "
+                                  f"with {self.groups} groups: the bundle was changed; rebuild it")
+            self._mixed = sess
+        return self._mixed
+
+    def step_mixed(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray, new_mask: np.ndarray | None,
+                   group: list, first: int = 0, rows=None) -> tuple[StepOut, list]:
+        """ONE call of the mixed graph: the batch as `step_batch` (pool rows [first, first+B), ids and
+        positions [B,T]; T > 1 needs B = 1 or every row at n = 0) and each group (r, ids [Tg], positions [Tg],
+        new_mask [Tg,Tg] or None for causal, logit rows or None for all) on pool row r, one batch-1 attention
+        each. A group's row inside the batch is fed there as padding that writes one slot past the group's
+        tokens (it needs n_r + Tg + T <= S). -> (the batch's StepOut, one StepOut per group, logits [Rg,V],
+        new_kv [L,2,1,Hkv,Tg,D]); nothing is committed."""
+        import onnxruntime as ort
+
+        B, T = ids.shape
+        P = self.groups
+        if not 1 <= len(group) <= P:
+            raise ValueError(f"{self.entry.role}: a mixed call takes 1..{P} groups, got {len(group)}")
+        if B not in self.batch_sizes or first + B > pool.rows or (T > 1 and B > 1 and pool.n[first:first + B].any()):
+            raise ValueError(f"{self.entry.role}: no mixed batch B={B}, T={T} for rows {first}..")
+        n = pool.n[first:first + B].astype(np.int64)
+        ids, positions = ids.copy(), positions.copy()
+        for r, g_ids, *_ in group:
+            if first <= r < first + B:  # the group's row as batch padding: its one write lands after the group's
+                b = r - first
+                n[b] += len(g_ids)
+                ids[b], positions[b] = 0, n[b] + np.arange(T)
+        need = max(int(n.max()) + T, *(int(pool.n[r]) + len(g[1]) for g in group))
+        if need > pool.S:
+            raise ValueError(f"{self.entry.role}: a mixed call needs {need} slots, the pool has {pool.S}")
+        pool.reserve(need)
+        feeds = fused_feeds(n, ids, positions, new_mask)
+        feeds["logit_rows"] = logit_rows(T, rows)
+        L, Hkv, D = self.dims
+        R = len(feeds["logit_rows"])
+        sizes, kvs = [B * R], [np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)]
+        for j in range(1, P + 1):
+            if j <= len(group):
+                r, g_ids, g_pos, g_mask, g_rows = group[j - 1]
+                g_ids = np.asarray(g_ids, dtype=np.int64)[None]
+                f = fused_feeds(pool.n[r:r + 1].astype(np.int64), g_ids, np.asarray(g_pos, dtype=np.int64)[None],
+                                None if g_mask is None else np.asarray(g_mask)[None])
+                f["logit_rows"] = logit_rows(g_ids.shape[1], g_rows)
+            else:  # an unused group: one token on a 2-slot scratch buffer, no logits
+                f = fused_feeds(np.zeros(1, dtype=np.int64), np.zeros((1, 1), dtype=np.int64),
+                                np.zeros((1, 1), dtype=np.int64), None)
+                f["logit_rows"] = np.zeros(0, dtype=np.int64)
+            feeds.update({f"{k}.{j}": v for k, v in f.items()})
+            sizes.append(len(f["logit_rows"]))
+            kvs.append(np.empty((L, 2, 1, Hkv, f["input_ids"].shape[1], D), dtype=np.float32))
+        key = ("mixed", id(self), B, first, tuple(g[0] for g in group))
+        io = pool.scratch.get(key)
+        if io is None:
+            io = self._mixed_session().io_binding()
+            views = [(name, v) for name, v in zip(self.kv_names, pool.views(B, first))]
+            for j in range(1, P + 1):
+                if j <= len(group):
+                    r = group[j - 1][0]
+                    views += [(f"{name}.{j}", v[r:r + 1]) for name, v in zip(self.kv_names, pool.views(pool.rows))]
+                else:
+                    scratch = pool.scratch.setdefault(("mixed-scratch", j), [
+                        np.zeros((1, Hkv, 2, D), dtype=np.float32) for _ in self.kv_names])
+                    views += [(f"{name}.{j}", v) for name, v in zip(self.kv_names, scratch)]
+            for name, v in views:
+                ov = ort.OrtValue.ortvalue_from_numpy(v)
+                io.bind_ortvalue_input(name, ov)
+                io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+            pool.scratch[key] = io
+        logits = np.empty((sum(sizes), self.vocab), dtype=np.float32)
+        top = np.empty((sum(sizes), self.top_k), dtype=np.int64)
+        outs = {"logits": logits, "top_ids": top, "new_kv": kvs[0]}
+        outs.update({f"new_kv.{j}": kvs[j] for j in range(1, P + 1)})
+        run_s = self._run_bound(io, feeds, outs, self._mixed_session())
+        cut = np.cumsum(sizes)[:-1]
+        ls, ts = np.split(logits, cut), np.split(top, cut)
+        batch = StepOut(ls[0].reshape(B, R, -1), kvs[0], run_s, ts[0].reshape(B, R, -1))
+        return batch, [StepOut(ls[j], kvs[j], run_s, ts[j]) for j in range(1, len(group) + 1)]
+
+
+def fused_feeds(n: np.ndarray, ids: np.ndarray, positions: np.ndarray, new_mask) -> dict:
+    """A GroupQueryAttention call's inputs for rows at cache lengths n [B] with new tokens ids/positions [B,T]
+    and new_mask [B,T,T] (None: causal): attn_bias (cached slots [0, n_b) visible, then the new tokens as
+    new_mask says), seqlens_k, total_len."""
+    B, T = ids.shape
+    if new_mask is None:
+        new_mask = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (B, T, T))
+    total = int(n.max()) + T
+    bias = np.full((B, 1, T, total), -np.inf, dtype=np.float32)
+    for b in range(B):
+        bias[b, 0, :, :n[b]] = 0.0
+        bias[b, 0, :, n[b]:n[b] + T] = np.where(new_mask[b], 0.0, -np.inf)
+    return {"input_ids": ids.astype(np.int64), "position_ids": positions.astype(np.int64), "attn_bias": bias,
+            "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
+
+
+def mixed_names(kv_names: list, groups: int) -> tuple[list, list]:
+    """The mixed graph's input and output names in order (exporter/onnx.py writes them so)."""
+    per = ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"]
+    present = ["present_" + n[len("past_"):] for n in kv_names]
+    ins = per + kv_names + [f"{n}.{j}" for j in range(1, groups + 1) for n in per + kv_names]
+    outs = (["logits", "top_ids", "new_kv"] + [f"new_kv.{j}" for j in range(1, groups + 1)] + present
+            + [f"{n}.{j}" for j in range(1, groups + 1) for n in present])
+    return ins, outs

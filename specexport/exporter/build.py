@@ -88,6 +88,9 @@ class BuildConfig:
     attention: Attention | None = None
     engine_precision: Precision = "fp16"
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # B values the engine may run (sequences per target call)
+    # single-sequence groups of the mixed graph (a fused float32 target with B > 1: the engine's call of decode
+    # rows + a prefill chunk or verify tree); 0: no mixed graph
+    mixed_groups: int = 1
 
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
@@ -126,6 +129,9 @@ class BuildConfig:
                                         for b in self.batch_sizes) or 1 not in self.batch_sizes):
             raise ValueError(f"--batch values must be integers in [1, 256] including 1, got {list(self.batch_sizes)}")
         _one_of(self.engine_precision, Precision, "--engine-precision", "fp32, fp16 or bf16")
+        if not (isinstance(self.mixed_groups, int) and not isinstance(self.mixed_groups, bool)
+                and 0 <= self.mixed_groups <= 4):
+            raise ValueError(f"--mixed-groups must be an integer in [0, 4], got {self.mixed_groups!r}")
 
     def resolved(self) -> "BuildConfig":
         """This config with the defaults that depend on other options filled in: the attention kind and the
@@ -285,6 +291,29 @@ def _export_and_check(cfg: BuildConfig, root: Path, job: ModelJob, timings: dict
     return entry
 
 
+def _mixed(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, timings: dict, log) -> ModelEntry:
+    """Export the target's mixed graph beside its fused graph, on the same weights file, and check its calls
+    against the fused graph's own (which the parity check just held against transformers)."""
+    from ..backends.ort import OrtBackend
+    from ..graphs import llama
+    from . import onnx, parity
+
+    t = time.perf_counter()
+    name = "target.mixed.onnx"
+    log(f"[target] exporting the mixed graph (a batch + {cfg.mixed_groups} group(s) per call) ...")
+    onnx.export_mixed(llama.build(job.gc, job.hf.state_dict()), cfg.capacity, root / name, cfg.mixed_groups)
+    onnx.share_weights(root / name, root / entry.graph)
+    entry = dataclasses.replace(entry, mixed={"graph": name, "groups": cfg.mixed_groups, "max_abs": 0.0})
+    backend = OrtBackend(root, entry, bundle.buckets_for(cfg.capacity), batch_sizes=sorted(cfg.batch_sizes))
+    worst = parity.check_mixed(backend)
+    log(f"  mixed calls vs the fused graph's calls: max|dlogit| {worst:.2e} ({time.perf_counter() - t:.1f} s)")
+    timings["target_mixed_s"] = round(time.perf_counter() - t, 1)
+    if not worst <= cfg.tolerance:
+        raise ParityError(f"target: the mixed graph differs from the fused graph by {worst:.3g} > tolerance "
+                          f"{cfg.tolerance:g} (report it), or build with --mixed-groups 0")
+    return dataclasses.replace(entry, mixed={**entry.mixed, "max_abs": worst})
+
+
 def _draft_job(cfg: BuildConfig, t_path: Path, t_hf, t_gc, log) -> ModelJob | None:
     from ..graphs import config as gconfig
     from .tokenizer import check_compatible
@@ -320,6 +349,8 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
                        **{f"verify_{k}": k + 1 for k in sorted(cfg.ks)}}
     target = ModelJob("target", "checkpoint", {"name": cfg.target, "path": str(t_path)}, t_hf, t_gc, target_profiles)
     entries = {"target": _export_and_check(cfg, root, target, timings, log, bars)}
+    if cfg.mixed_groups and cfg.attention == "fused" and not cfg.target_quant and max(cfg.batch_sizes) > 1:
+        entries["target"] = _mixed(cfg, root, target, entries["target"], timings, log)
     draft = _draft_job(cfg, t_path, t_hf, t_gc, log)
     if draft is not None:
         entries["draft"] = _export_and_check(cfg, root, draft, timings, log, bars)

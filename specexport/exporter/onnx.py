@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..graphs.config import GraphConfig
-from ..graphs.llama import TOPK, FusedStep, LlamaGraph, SlotsStep, empty_inputs
+from ..graphs.llama import TOPK, FusedStep, LlamaGraph, MixedStep, SlotsStep, empty_inputs
 
 
 def io_spec(c: GraphConfig, B: int | str = "B", attention: str = "portable") -> tuple[list, list]:
@@ -87,6 +87,83 @@ def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -
         m = onnx.load(str(path))
         onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=produced.name, size_threshold=1024)
+
+
+def export_mixed(graph: LlamaGraph, S: int, path: Path, groups: int) -> None:
+    """Write `path` (+ .data) for the mixed graph: the fused step of a batch plus `groups` batch-1 groups."""
+    from ..backends.ort import mixed_names
+
+    c = graph.c
+    inputs, _ = io_spec(c, attention="fused")
+    ins, outs = mixed_names([i["name"] for i in inputs if i["name"].startswith("past_")], groups)
+
+    def call(B, T, n, R, tag):  # example inputs of one batch or group, and their symbolic dims
+        ids, pos, _, _, past = empty_inputs(c, T, S, B=B)
+        d = {n_: torch.export.Dim(n_ + tag, min=lo, max=hi) for n_, lo, hi in
+             (("T", 1, S), ("S", 2, max(S, 4)), ("L", 2, max(S, 8)), ("R", 0, S))}
+        args = (ids, pos, torch.zeros(B, 1, T, n + T), torch.full((B,), n + T - 1, dtype=torch.int32),
+                torch.tensor(n + T, dtype=torch.int32), torch.arange(R), past)
+        Bd = torch.export.Dim("B", min=1, max=256) if B > 1 else None
+        dims = ({0: Bd, 1: d["T"]} if Bd else {1: d["T"]},) * 2 + (
+            {0: Bd, 2: d["T"], 3: d["L"]} if Bd else {2: d["T"], 3: d["L"]}, {0: Bd} if Bd else None, None,
+            {0: d["R"]}, [{0: Bd, 2: d["S"]} if Bd else {2: d["S"]}] * (2 * c.num_layers))
+        return args, dims
+
+    batch, dyn = call(2, 3, 3, 2, "")
+    gs = [call(1, 3 + j, 2 + j, 2, f"{j}") for j in range(1, groups + 1)]  # distinct sizes: nothing unified
+    args = (*batch, [a for a, _ in gs])
+    dynamic = (*dyn, [d for _, d in gs])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(MixedStep(graph, groups), args, str(path), dynamo=True, external_data=True,
+                          input_names=ins, output_names=outs, dynamic_shapes=dynamic, verbose=False)
+
+
+def share_weights(graph: Path, into: Path) -> None:
+    """Point `graph`'s external initializers at the identical tensors of `into`'s graph (same dtype, dims and
+    bytes) in `into`'s weights file, append the ones it lacks there, and remove `graph`'s own weights file:
+    two graphs of one model, one copy of its weights on disk."""
+    import hashlib
+
+    import onnx
+
+    def tensors(m, base: Path):
+        for t in m.graph.initializer:
+            ext = {e.key: e.value for e in t.external_data}
+            if "location" in ext:
+                yield t, base / ext["location"], int(ext.get("offset", 0)), int(ext["length"])
+
+    def key(t, path, off, n, cache={}):
+        f = cache.get(path) or cache.setdefault(path, open(path, "rb"))
+        f.seek(off)
+        data = f.read(n)
+        return (t.data_type, tuple(t.dims), hashlib.sha256(data).digest()), data
+
+    base = into.parent
+    target = onnx.load(str(into), load_external_data=False)
+    data_name = {e.key: e.value for t in target.graph.initializer for e in t.external_data}.get("location")
+    if data_name is None:
+        return
+    have = {key(t, p, o, n)[0]: (o, n) for t, p, o, n in tensors(target, base)}
+    m = onnx.load(str(graph), load_external_data=False)
+    own = set()
+    with open(base / data_name, "ab") as out:
+        for t, p, o, n in tensors(m, graph.parent):
+            own.add(p)
+            k, data = key(t, p, o, n)
+            if k not in have:  # a constant only this graph has: appended, 64-byte aligned
+                pad = -out.tell() % 64
+                out.write(b"\0" * pad)
+                have[k] = (out.tell(), n)
+                out.write(data)
+            off, n = have[k]
+            del t.external_data[:]
+            for name, value in (("location", data_name), ("offset", str(off)), ("length", str(n))):
+                t.external_data.add(key=name, value=value)
+    onnx.save_model(m, str(graph))
+    for p in own:
+        if p != base / data_name:
+            p.unlink()
 
 
 def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:

@@ -83,3 +83,45 @@ def check_batch(hf, model: OrtBackend, B: int, layers: int | None = None, seed: 
         agree.append((out.logits[b].argmax(-1) == want.argmax(-1)).mean())
     return {f"batch_B{B}_T{T}": {"T": T, "S": pool.S, "B": B, "cache_lengths": lengths, "max_abs": worst,
                                  "top1": float(np.mean(agree))}}
+
+
+def check_mixed(model: OrtBackend, seed: int = 2) -> float:
+    """Largest |logit difference| between the mixed graph's calls and the fused graph's calls of the same
+    tokens: B decode rows at different cache lengths with a prefill chunk (one group) on a row inside the
+    batch, then one row verifying a tree in the batch (B = 1) with each group verifying a chain. Both write
+    only free slots, so the two run on the same pool."""
+    V = model.entry.arch["vocab_size"]
+    B = max(model.batch_sizes)
+    P = model.entry.profiles.get("prefill", 1)
+    Tv = max(model.entry.profiles[f"verify_{k}"] for k in model.entry.verify_ks())
+    rng = np.random.default_rng(seed)
+    room = model.capacity - max(P, Tv) - 2
+    lengths = [max(1, min(room, 3 + 5 * b)) for b in range(B)]
+    pool = model.new_pool(B)
+    for n in lengths:
+        feed(model, pool.row(pool.acquire()), rng.integers(0, V, n).tolist())
+    worst = 0.0
+    # decode rows + a chunk on the last row
+    r = B - 1
+    chunk = rng.integers(0, V, P).tolist()
+    ids = rng.integers(0, V, (B, 1))
+    pos = pool.n[:B, None].astype(np.int64).copy()
+    out, (g,) = model.step_mixed(pool, ids, pos, None, [(r, chunk, np.arange(pool.n[r], pool.n[r] + P), None, None)])
+    ref = model.step_batch(pool, ids, pos)
+    worst = max(worst, float(np.abs(out.logits[:r] - ref.logits[:r]).max()))
+    solo = model.step(pool.row(r), chunk, int(pool.n[r]))
+    worst = max(worst, float(np.abs(g.logits - solo.logits).max()))
+    # a verify call of row 0 as the batch (B = 1) and chains on the next rows as groups
+    groups = []
+    for j in range(1, min(model.groups, B - 1) + 1):
+        toks = rng.integers(0, V, Tv).tolist()
+        groups.append((j, toks, np.arange(pool.n[j], pool.n[j] + Tv), None, None))
+    if groups:
+        ids = rng.integers(0, V, (1, Tv))
+        pos = (pool.n[0] + np.arange(Tv))[None].astype(np.int64)
+        out, gs = model.step_mixed(pool, ids, pos, None, groups)
+        ref = model.step_batch(pool, ids, pos)
+        worst = max(worst, float(np.abs(out.logits - ref.logits).max()))
+        for (j, toks, p, _, _), g in zip(groups, gs):
+            worst = max(worst, float(np.abs(g.logits - model.step(pool.row(j), toks, int(pool.n[j])).logits).max()))
+    return worst

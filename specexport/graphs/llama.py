@@ -59,10 +59,14 @@ class Attention(nn.Module):
     def project(self, x, rope):
         """x [B,T,E] -> q [B,T,H,D] (pre-scaled by D^-0.5: stack_projections), k and v [B,T,Hkv,D], q and k
         rotated together in one MatMul."""
+        return self.split(self.qkv_proj(x), rope)
+
+    def split(self, qkv, rope):
+        """The stacked projection [B,T,(H+2Hkv)*D] -> q, k, v as `project` returns them."""
         c = self.c
-        B, T, _ = x.shape
+        B, T, _ = qkv.shape
         H, Hkv = c.num_heads, c.num_kv_heads
-        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, c.head_dim)
+        qkv = qkv.view(B, T, H + 2 * Hkv, c.head_dim)
         qk = qkv[:, :, :H + Hkv] @ rope
         return qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv:]
 
@@ -99,17 +103,23 @@ class Attention(nn.Module):
         total_len slots of past_k/v, writes this step's K/V into slots total_len-T.. in place (the runtime
         binds past and present to one buffer) and adds `bias` [B,1,T,total_len] (the tree mask) to its
         causal mask. Returns (output, k, v, present_k, present_v)."""
+        o, k, v, pk, pv = self.gqa(self.qkv_proj(x), rope, past_k, past_v, bias, seqlens_k, total_len)
+        return self.o_proj(o), k, v, pk, pv
+
+    def gqa(self, qkv, rope, past_k, past_v, bias, seqlens_k, total_len):
+        """`fused` from the stacked projection qkv [B,T,(H+2Hkv)*D] up to the node's output [B,T,H*D] (before
+        o_proj): the mixed graph projects every group's tokens in one MatMul and attends per group."""
         c = self.c
-        B, T, _ = x.shape
+        B, T, _ = qkv.shape
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        q, k, v = self.project(x, rope)
+        q, k, v = self.split(qkv, rope)
         o, pk, pv = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
             [q.reshape(B, T, H * D), k.reshape(B, T, Hkv * D), v.reshape(B, T, Hkv * D), past_k, past_v,
              seqlens_k, total_len, None, None, None, bias],
             dict(num_heads=H, kv_num_heads=Hkv, scale=1.0),  # q rows are pre-scaled (stack_projections)
-            dtypes=[x.dtype] * 3, shapes=[(B, T, H * D), past_k.shape, past_v.shape], version=1)
-        return self.o_proj(o), k.transpose(1, 2), v.transpose(1, 2), pk, pv
+            dtypes=[qkv.dtype] * 3, shapes=[(B, T, H * D), past_k.shape, past_v.shape], version=1)
+        return o, k.transpose(1, 2), v.transpose(1, 2), pk, pv
 
 
 class MLP(nn.Module):
@@ -253,6 +263,61 @@ class FusedStep(nn.Module):
             present += p
         logits, new_kv = g.head(x.index_select(1, logit_rows), kv)
         return logits, new_kv, torch.topk(logits, TOPK, dim=-1).indices, *present
+
+
+class MixedStep(nn.Module):
+    """FusedStep's call plus `groups` single-sequence groups in the same call (export only; the batching
+    engine's graph for fused bundles). onnxruntime's GroupQueryAttention takes several new tokens per row
+    with a past only at B = 1, so a batch of decode rows cannot carry a prefill chunk or a verify tree in
+    one node; here every token of the call (the batch's B x T and each group's Tj) goes through ONE set of
+    MatMuls (the weight read shared), and attention runs per group: one node for the batch, one batch-1 node
+    per group, each on its own cache buffer.
+      inputs   FusedStep's, for the batch; then per group j: input_ids.j, position_ids.j [1,Tj],
+               attn_bias.j [1,1,Tj,nj+Tj], seqlens_k.j [1], total_len.j [], logit_rows.j [Rj] (may be
+               empty), past_key/value.i.j [1,Hkv,Sj,D]
+      outputs  logits [B*R + sum Rj, V]: the batch's rows, then each group's; top_ids [.., TOPK] likewise;
+               new_kv [L,2,B,Hkv,T,D] and new_kv.j [L,2,1,Hkv,Tj,D]; present_key/value.i (the batch's) and
+               present_key/value.i.j: the same buffers as the pasts, as in FusedStep.
+    A group's row of the pool also sits in the batch (rows [0, B) are contiguous): the runtime feeds it there
+    as padding whose one write lands past the group's tokens, and reads nothing of it."""
+
+    def __init__(self, g: LlamaGraph, groups: int):
+        super().__init__()
+        self.g, self.groups = g, groups
+
+    def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv: list,
+                groups: list):
+        g, c = self.g, self.g.c
+        E = c.hidden_size
+        B, T = input_ids.shape
+        calls = [(input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv)] + list(groups)
+        shapes = [tuple(a[0].shape) for a in calls]
+        sizes = [b * t for b, t in shapes]
+        # [1,N,E], N = all tokens: 3-D as in FusedStep, so the projections are the same MatMuls (same kernels,
+        # same numbers) as the fused graph's
+        x = torch.cat([g.model.embed_tokens(a[0]).reshape(1, -1, E) for a in calls], dim=1)
+        ropes = [g.rope(a[1], x.dtype) for a in calls]
+        kv = [[] for _ in calls]
+        present = [[] for _ in calls]
+        for i, layer in enumerate(g.model.layers):
+            at = layer.self_attn
+            qkv = at.qkv_proj(layer.input_layernorm(x))
+            outs = []
+            for j, (part, a) in enumerate(zip(torch.split(qkv, sizes, dim=1), calls)):
+                b, t = shapes[j]
+                o, k, v, pk, pv = at.gqa(part.reshape(b, t, -1), ropes[j], a[6][2 * i], a[6][2 * i + 1],
+                                         a[2].to(x.dtype), a[3], a[4])
+                outs.append(o.reshape(1, b * t, -1))
+                kv[j] += [k, v]
+                present[j] += [pk, pv]
+            x = x + at.o_proj(torch.cat(outs, dim=1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        rows = [x_j.reshape(b, t, E).index_select(1, a[5]).reshape(1, -1, E)  # the rows that get logits
+                for x_j, (b, t), a in zip(torch.split(x, sizes, dim=1), shapes, calls)]
+        logits = g.lm_head(g.model.norm(torch.cat(rows, dim=1))).float()[0]  # one LM-head MatMul for all
+        new_kv = [torch.stack(k).view(c.num_layers, 2, *k[0].shape) for k in kv]
+        return (logits, torch.topk(logits, TOPK, dim=-1).indices, *new_kv,
+                *[p for ps in present for p in ps])
 
 
 def stack_projections(sd: dict, num_layers: int, q_scale: float = 1.0) -> dict:
