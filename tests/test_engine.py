@@ -200,3 +200,32 @@ def test_warm_start_and_the_pool_buffer(bundles, attention):
         assert eng.pool.generation > 0  # grew for the long prompt (and shrank after it)
     cold = pipe.start_engine(max_batch=4, warm=False)
     assert not cold.costs.seen
+
+
+def test_mixed_calls_carry_prefill_chunks_and_verify_apart(bundles):
+    """A fused bundle's mixed graph: a request's later prefill chunks ride in the decode rows' call, and two
+    decoding requests each verify their own draft in one call (the lower row as a batch of one, the other as
+    a group). Outputs == solo, greedy and Gumbel sampling; the calls really ran (the engine's counters)."""
+    pipe = specexport.load(bundles["fused"])
+    assert pipe.target.groups == 1 and pipe.manifest.models["target"].mixed["max_abs"] <= 1e-4
+    long = (PROMPTS[2] * 2)[:52]  # 6-7 chunks of 8: most of them ride in decode calls
+    for kw in (dict(), dict(temperature=0.8, top_p=0.9, seed=3)):
+        want = [pipe.generate(p, draft="none", max_new_tokens=n, **kw).token_ids for p, n in ((PROMPTS[1], 70), (long, 30))]
+        eng = pipe.start_engine(max_batch=2, max_queue=4)
+        first = pipe.submit(PROMPTS[1], max_new_tokens=70, draft="recycle", k=4, **kw)
+        next(iter(first))  # decoding: the long prompt arrives while it runs
+        second = pipe.submit(long, max_new_tokens=30, draft="ngram", k=4, **kw)
+        assert [c.wait(60).token_ids for c in (first, second)] == want
+        st = eng.stats()
+        assert st["mixed_rides"] >= 3 and st["mixed_apart"] >= 3, st
+        pipe.close()
+
+
+def test_no_mixed_graph(ckpts, tmp_path):
+    """--mixed-groups 0: no mixed graph in the bundle; the engine runs its plain calls, outputs == solo."""
+    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], ks=(2,), capacity=96, chunk=8,
+                                        batch_sizes=(1, 2), mixed_groups=0))
+    assert pipe.target.groups == 0 and not (pipe.root / "target.mixed.onnx").exists()
+    want = [solo(pipe, p, max_new_tokens=16) for p in PROMPTS[:3]]
+    cs = [pipe.submit(p, max_new_tokens=16, draft="recycle") for p in PROMPTS[:3]]
+    assert [c.wait(60).token_ids for c in cs] == want

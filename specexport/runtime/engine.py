@@ -21,9 +21,10 @@ import numpy as np
 from ..errors import EngineClosed, OptionError, QueueFull
 from .costs import StepCosts
 from .accept import Picker, accept_tree, check_finite
+from ..backends.base import StepOut
 from .decoder import DecodeConfig
 from .drafters import RecycleDrafter, Tree
-from .prefill import feed_chunk
+from .prefill import chunk_ts, feed_chunk, next_chunk
 from .text import TextStream
 
 _DONE = object()
@@ -139,6 +140,11 @@ class Engine:
         self.prefill_budget = prefill_budget or PREFILL_CHUNKS * target.entry.profiles.get("prefill", 1)
         self.pool = target.new_pool(self.batch_sizes[-1])
         self.costs = StepCosts()
+        # a mixed graph (fused targets): its single-sequence groups carry a prefill chunk beside the decode rows,
+        # or let up to groups + 1 requests verify their own drafts in one call; pair_costs prices those calls by
+        # (requests, T)
+        self.groups = getattr(target, "groups", 0)
+        self.pair_costs = StepCosts()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -175,6 +181,7 @@ class Engine:
                     "max_batch": self.max_batch, "max_queue": self.max_queue, "steps": self.counters["steps"],
                     "tokens": self.counters["tokens"], "finished": dict(self.counters["finished"]),
                     "batch": dict(self.counters["batch"]), "prefill_batch": dict(self.counters["prefill_batch"]),
+                    "mixed_rides": self.counters.get("rides", 0), "mixed_apart": self.counters.get("apart", 0),
                     "prefill_budget": self.prefill_budget, "pool_slots": self.pool.S,
                     "pool_bytes": self.pool.resident_bytes, "pool_peak_bytes": self.pool.peak_bytes}
 
@@ -216,6 +223,18 @@ class Engine:
         row = pool.row(pool.free[0])
         for T in sorted({t for name, t in tgt.entry.profiles.items() if name.startswith("prefill")}):
             tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
+        if self.groups:  # mixed calls: decode rows + a prefill chunk (`_decode`), requests verifying apart
+            last = self.batch_sizes[-1] - 1
+            for B in self.batch_sizes:
+                for T in chunk_ts(tgt, self.prefill_budget):
+                    tgt.step_mixed(pool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64), None,
+                                   [(last, [0] * T, np.arange(T), None, [])])
+            for m in range(2, min(self.groups + 1, last + 1) + 1):
+                for T in [t for t in tgt.batch_ts(1) if t in steps and t > 1]:
+                    for _ in range(2):
+                        _, gs = tgt.step_mixed(pool, np.zeros((1, T), dtype=np.int64), pos[:1, :T].copy(), None,
+                                               [(j, [0] * T, np.arange(T), None, None) for j in range(1, m)])
+                    self.pair_costs.update(m, T, gs[0].run_s)
         return time.perf_counter() - t0
 
     # ---- the loop
@@ -258,11 +277,24 @@ class Engine:
             self._retire(s, "cancelled")
         pre = [s for s in self._active if not s.prefilled]
         dec = [s for s in self._active if s.prefilled]
-        if pre:
+        ride = self._ride(pre) if pre and dec else None
+        if pre and ride is None:
             self._prefill(pre)
         if dec:
-            self._decode(dec)
+            self._decode(dec, ride)
         return bool(pre or dec)
+
+    def _ride(self, pre: list[Sequence]):
+        """With a mixed graph, the next prefill chunk of the oldest prefilling request rides in the decode
+        rows' call as a group (the weights read once for both) -> (request, T, tokens fed), or None."""
+        if not self.groups:
+            return None
+        s = pre[0]
+        T, r = next_chunk(self.target, s.c.generation.stats.prompt_tokens - 1 - s.fed, self.prefill_budget)
+        top = max(t for name, t in self.target.entry.profiles.items() if not name.startswith("prefill"))
+        if self.pool.n[s.row] + T + top > self.pool.S:  # its padding in the batch would not fit after the chunk
+            return None
+        return s, T, r
 
     def _admit(self) -> None:
         with self._lock:
@@ -356,7 +388,9 @@ class Engine:
             s.c.generation.stats.prefill_s += out.run_s  # the call's time: this request waited all of it
         return sum(lens)
 
-    def _decode(self, dec: list[Sequence]) -> None:
+    def _decode(self, dec: list[Sequence], ride=None) -> None:
+        if ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and self._verify_apart(dec):
+            return
         B = next(b for b in self.batch_sizes if b > max(s.row for s in dec))
         verify = max(self.target.batch_ts(B)) > 1  # a fused graph's B > 1 call runs T = 1: nothing to draft
         trees = []
@@ -372,8 +406,18 @@ class Engine:
         for s, t in zip(dec, trees):
             i, p, m = t.inputs(T, len(s.ids))
             ids[s.row], pos[s.row], mask[s.row] = i, p, m[0]
-        out = self.target.step_batch(self.pool, ids, pos, mask)
-        self.costs.update(B, T, out.run_s)
+        if ride is None:
+            out = self.target.step_batch(self.pool, ids, pos, mask)
+            self.costs.update(B, T, out.run_s)
+        else:
+            p, Tc, r = ride
+            chunk = p.ids[p.fed:p.fed + r] + [0] * (Tc - r)
+            n = int(self.pool.n[p.row])
+            out, (g,) = self.target.step_mixed(self.pool, ids, pos, mask, [(p.row, chunk, np.arange(n, n + Tc), None, [])])
+            self.pool.commit(p.row, g.new_kv, 0, range(r))
+            p.fed += r
+            p.c.generation.stats.prefill_s += out.run_s
+            self.counters["rides"] = self.counters.get("rides", 0) + 1
         self.counters["steps"] += 1
         self.counters["batch"][B] = self.counters["batch"].get(B, 0) + 1
         for s, t in zip(dec, trees):
@@ -382,6 +426,44 @@ class Engine:
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
         self.pool.shrink(self._room())
+
+    def _verify_apart(self, dec: list[Sequence]) -> bool:
+        """2..groups+1 requests decoding: each verifies its own draft in one mixed call (the lowest row as a
+        batch of one, the others as groups: onnxruntime's attention takes several new tokens per row with a
+        past only in a batch of one), if that beats one plain batched step -> whether it ran."""
+        dec = sorted(dec, key=lambda s: s.row)
+        trees = [self._draft(s, s.cfg.max_new_tokens - s.emitted - 1) for s in dec]
+        caps = [min(len(t), s.cfg.k + 1 if s.drafter is not None else 1) for s, t in zip(dec, trees)]
+        if max(caps) < 2:
+            return False
+        ts = [t for t in self.target.batch_ts(1) if t > 1 and t in self.target.entry.profiles.values()]
+        m = len(dec)
+        if any(s.cfg.adaptive for s in dec):
+            cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
+            T = self.pair_costs.best(m, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
+            B = next(b for b in self.batch_sizes if b > dec[-1].row)
+            gain = sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)) / self.pair_costs.cost(m, T)
+            if gain <= m / self.costs.cost(B, 1):
+                return False
+        else:
+            T = next((t for t in ts if t >= max(caps)), ts[-1])
+        calls = []
+        for s, t in zip(dec, trees):
+            i, p, mk = t.inputs(T, len(s.ids))
+            calls.append((s.row, i, p, mk[0], None))
+        lead = calls[0]
+        out, gs = self.target.step_mixed(self.pool, np.asarray(lead[1])[None], np.asarray(lead[2])[None],
+                                         lead[3][None], [c for c in calls[1:]], first=lead[0])
+        self.pair_costs.update(m, T, out.run_s)
+        self.counters["steps"] += 1
+        self.counters["apart"] = self.counters.get("apart", 0) + 1
+        outs = [out] + [StepOut(g.logits[None], g.new_kv, g.run_s, None if g.top is None else g.top[None]) for g in gs]
+        for s, t, o in zip(dec, trees, outs):
+            try:
+                self._accept(s, t, T, o, b=0)
+            except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
+                self._retire(s, "error", e)
+        return True
 
     def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k
@@ -400,15 +482,17 @@ class Engine:
         cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
         return self.costs.best(B, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
 
-    def _accept(self, s: Sequence, tree: Tree, T: int, out) -> None:
+    def _accept(self, s: Sequence, tree: Tree, T: int, out, b: int | None = None) -> None:
+        """Accept row b of `out` (default the request's pool row) for request s, commit, stream."""
+        b = s.row if b is None else b
         st = s.c.generation.stats
         n = min(T, len(tree), s.cfg.k + 1 if s.drafter is not None else 1)
-        logits = out.logits[s.row]
+        logits = out.logits[b]
         check_finite(logits[:n], "target")
         emitted, path = accept_tree(logits, tree, n, len(s.ids), s.pick)
-        self.pool.commit(s.row, out.new_kv, s.row, path)
+        self.pool.commit(s.row, out.new_kv, b, path)
         if isinstance(s.drafter, RecycleDrafter):
-            s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[s.row])
+            s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[b])
         elif s.drafter is not None and n > 1:
             a = len(emitted) - 1
             s.chain_rate = 0.8 * s.chain_rate + 0.2 * (a / (n - 1))

@@ -41,13 +41,18 @@ def feed_chunk(model: Backend, cache: RingKV, ids: list[int], i: int, limit: int
     profile while it fits, a padded remainder when padding costs less than more calls), with T <= `limit`
     when given (the engine's budget while others decode). Pad rows are never committed. Only the chunk's last
     row gets logits (a fused graph skips the LM head of the others: ~21% of a SmolLM2 row's FLOPs)."""
-    sizes = chunk_ts(model, limit)
-    left = len(ids) - i
-    T = sizes[-1] if left >= sizes[-1] else _plans(sizes)[left]
-    r = min(T, left)
+    T, r = next_chunk(model, len(ids) - i, limit)
     out = model.step(cache, ids[i:i + r] + [0] * (T - r), cache.n, rows=[r - 1])
     cache.commit(out.new_kv, range(r))
     return i, r, out
+
+
+def next_chunk(model: Backend, left: int, limit: int | None = None) -> tuple[int, int]:
+    """(T, r) of the next prefill call for `left` prompt tokens: its profile and the tokens it takes (the rest
+    of T is padding), as `feed_chunk` runs it."""
+    sizes = chunk_ts(model, limit)
+    T = sizes[-1] if left >= sizes[-1] else _plans(sizes)[left]
+    return T, min(T, left)
 
 
 def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, float]:
