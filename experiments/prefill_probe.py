@@ -44,8 +44,10 @@ def main() -> None:
     for n in ns:
         secs = [call(n) for _ in range(a.calls)]
         print(f"T={a.T} at n={n}: {statistics.median(secs) * 1e3:.1f} ms ({a.T / statistics.median(secs):.0f} tokens/s)")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads, so.enable_profiling = 2, 1, True
+    from specexport.backends.ort import session_options
+
+    so = session_options()
+    so.enable_profiling = True
     so.profile_file_prefix = "/tmp/prefill_probe"
     t.session = ort.InferenceSession(str(Path(a.bundle) / t.entry.graph), so, providers=["CPUExecutionProvider"])
     for _ in range(a.calls):

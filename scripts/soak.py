@@ -70,16 +70,12 @@ def rebuild_sessions(pipe, variant: dict) -> None:
     """Replace each model's onnxruntime session by one with `variant`'s SessionOptions changed."""
     import onnxruntime as ort
 
+    from specexport.backends.ort import session_options
+
     for be in (pipe.target, pipe.draft):
         if be is None or not hasattr(be, "session"):
             continue
-        old = be.session
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = old.get_session_options().intra_op_num_threads
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if be.entry.role != "target":
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so = session_options()  # the process's shared thread pool, as the runtime's own sessions
         for k, v in variant.items():
             setattr(so, k, v)
         be.session = ort.InferenceSession(str(pipe.root / be.entry.graph), so, providers=["CPUExecutionProvider"])

@@ -44,8 +44,9 @@ model = pipe.target if a.role == "target" else pipe.draft
 if a.ort_profile:
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = model.session.get_session_options().intra_op_num_threads
+    from specexport.backends.ort import session_options
+
+    so = session_options()
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "step_times_profile")
     model.session = ort.InferenceSession(str(pipe.root / model.entry.graph), so)

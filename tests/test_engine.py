@@ -212,10 +212,15 @@ def test_mixed_calls_carry_prefill_chunks_and_verify_apart(bundles):
     for kw in (dict(), dict(temperature=0.8, top_p=0.9, seed=3)):
         want = [pipe.generate(p, draft="none", max_new_tokens=n, **kw).token_ids for p, n in ((PROMPTS[1], 70), (long, 30))]
         eng = pipe.start_engine(max_batch=2, max_queue=4)
+        eng._thread = True  # driven by hand: the long prompt arrives while the first request decodes
         first = pipe.submit(PROMPTS[1], max_new_tokens=70, draft="recycle", k=4, **kw)
-        next(iter(first))  # decoding: the long prompt arrives while it runs
+        eng.step()
+        eng.step()
+        assert first.generation.token_ids and not first.done
         second = pipe.submit(long, max_new_tokens=30, draft="ngram", k=4, **kw)
-        assert [c.wait(60).token_ids for c in (first, second)] == want
+        while eng.step():
+            pass
+        assert [c.wait(1).token_ids for c in (first, second)] == want
         st = eng.stats()
         assert st["mixed_rides"] >= 3 and st["mixed_apart"] >= 3, st
         pipe.close()

@@ -26,15 +26,7 @@ class OrtBackend(BackendBase):
         super().__init__(entry, buckets, batch_sizes)
         if os.environ.get("SPECEXPORT_ORT_TELEMETRY") != "1":  # an embedded runtime does not phone home unless asked
             ort.disable_telemetry_events()
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1)
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if entry.role != "target":
-            # draft and target alternate many times a second and idle threads spinning for work steal the
-            # cores the other InferenceSession needs; measured on SmolLM2 (docs/benchmarks.md): target spinning and
-            # draft not is fastest both for plain decoding and with the draft model
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so = session_options(threads)
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
@@ -198,11 +190,7 @@ class OrtBackend(BackendBase):
         if self._mixed is None:
             import onnxruntime as ort
 
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = self.session.get_session_options().intra_op_num_threads
-            so.inter_op_num_threads = 1
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), so,
+            sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), session_options(),
                                         providers=self.session.get_providers())
             want = mixed_names(self.kv_names, self.groups)
             got = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
@@ -285,6 +273,28 @@ class OrtBackend(BackendBase):
         ls, ts = np.split(logits, cut), np.split(top, cut)
         batch = StepOut(ls[0].reshape(B, R, -1), kvs[0], run_s, ts[0].reshape(B, R, -1))
         return batch, [StepOut(ls[j], kvs[j], run_s, ts[j]) for j in range(1, len(group) + 1)]
+
+
+_POOL: list = []  # the size of onnxruntime's global thread pool, once set
+
+
+def session_options(threads: int | None = None):
+    """SessionOptions of every CPU session the runtime opens (and scripts that open their own beside it): on
+    onnxruntime's ONE global intra-op thread pool, whose size the first call of the process sets (`threads`,
+    else $SPECEXPORT_THREADS, else the CPU count). A target and its draft, or a target's step and mixed graphs,
+    alternate call by call; with a pool per session the idle one's spinning threads took the cores from the
+    other (a mixed call right after a step-graph call ran 1.9x its time alone on 2 cores), and a pool that
+    did not spin paid a wake-up per parallel section (+23%). Shared threads do neither."""
+    import onnxruntime as ort
+    import onnxruntime.capi._pybind_state as C
+
+    if not _POOL:
+        _POOL.append(threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1))
+        C.set_global_thread_pool_sizes(_POOL[0], 1)
+    so = ort.SessionOptions()
+    so.use_per_session_threads = False
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return so
 
 
 def fused_feeds(n: np.ndarray, ids: np.ndarray, positions: np.ndarray, new_mask) -> dict:
