@@ -658,6 +658,9 @@ def describe(m: Manifest, root: Path | None = None) -> str:
         if e.verify_drift is not None:
             plain_only = "" if e.speculative else f" ({e.activations} activations: plain decoding only)"
             lines.append(f"  verify vs decode max|dlogit| {e.verify_drift:.2e}{plain_only}")
+        if e.mixed:
+            lines.append(f"  mixed graph {e.mixed['graph']}: a batch + {e.mixed['groups']} group(s) per call, "
+                         f"vs the fused graph's calls max|dlogit| {e.mixed['max_abs']:.2e}")
     lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
                  f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
     if root is not None:

@@ -131,6 +131,11 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d["models"]["target"]["notes"].update(float32_graph_parity={"decode": {"T": 1}}),
      "models.target.notes.float32_graph_parity.decode.S is missing"),
     (lambda d: d["models"]["target"]["notes"].update(drift=1.0), "models.target.notes has unknown field 'drift'"),
+    (lambda d: d["models"]["target"]["notes"]["mixed"].update(graph="other.onnx"), "models.target.notes.mixed.graph"),
+    (lambda d: d["models"]["target"]["notes"]["mixed"].update(graph="target.onnx"), "models.target.notes.mixed.graph"),
+    (lambda d: d["models"]["target"]["notes"]["mixed"].update(groups=0), "models.target.notes.mixed.groups"),
+    (lambda d: d["models"]["target"]["notes"]["mixed"].pop("max_abs"), "models.target.notes.mixed.max_abs is missing"),
+    (lambda d: d["models"]["target"].update(attention="portable"), "models.target.notes.mixed"),
 ])
 def test_schema_names_the_field(copy, change, field):
     edit(copy, change)
@@ -146,7 +151,9 @@ def test_notes_are_typed_fields_and_round_trip(copy):
     assert m.target.activations is None and m.target.float32_graph_parity is None
     assert m.draft.verify_drift is None  # the build measures drift for the target only
     written = json.loads(m.to_json())["models"]
-    assert written["target"]["notes"] == {"verify_drift": m.target.verify_drift} and written["draft"]["notes"] == {}
+    assert m.target.mixed["graph"] == "target.mixed.onnx" and m.target.mixed["groups"] == 1  # a fused target, B > 1
+    assert written["target"]["notes"] == {"verify_drift": m.target.verify_drift, "mixed": m.target.mixed}
+    assert written["draft"]["notes"] == {}
     report = {"decode": {"T": 1, "S": 32, "max_abs": 1e-5, "top1": 1.0}}
     notes = {"verify_drift": 0.5, "speculative": False, "activations": "int8", "float32_graph_parity": report}
     edit(copy, lambda d: d["models"]["target"].update(notes=notes))
@@ -291,6 +298,15 @@ def test_hash_valid_hostile_files_fail_at_load_as_bundle_errors(copy):
     for case, e in cases.items():
         assert isinstance(e, BundleError), (case, repr(e))
     assert "onnxruntime" in str(cases["garbage graph"]) and "tokenizer" in str(cases["garbage tokenizer"])
+    # the mixed graph opens with the engine (its warm start), not at load: refused there, by name
+    r = Path(shutil.copytree(copy, work / "garbage-mixed"))
+    d = json.loads((r / "manifest.json").read_text())
+    (r / "target.mixed.onnx").write_bytes(b"not an onnx graph" * 100)
+    relist(r, d, "target.mixed.onnx")
+    (r / "manifest.json").write_text(json.dumps(d))
+    pipe = specexport.load(r)
+    with pytest.raises(BundleError, match="target.mixed.onnx.*rebuild"):
+        pipe.start_engine(max_batch=2)
     # a tokenizer with ids past the model's vocabulary
     m = bundle.read(copy)
     small = dataclasses.replace(m, models={**m.models, "target": dataclasses.replace(

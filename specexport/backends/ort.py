@@ -190,8 +190,12 @@ class OrtBackend(BackendBase):
         if self._mixed is None:
             import onnxruntime as ort
 
-            sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), session_options(),
-                                        providers=self.session.get_providers())
+            try:
+                sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), session_options(),
+                                            providers=self.session.get_providers())
+            except Exception as e:  # noqa: BLE001 -- whatever onnxruntime raises on a bad graph
+                raise BundleError(f"{self.entry.mixed['graph']}: onnxruntime cannot load the mixed graph "
+                                  f"({str(e)[:300]}): rebuild the bundle") from None
             want = mixed_names(self.kv_names, self.groups)
             got = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
             if got != want:

@@ -278,8 +278,10 @@ class Engine:
         pre = [s for s in self._active if not s.prefilled]
         dec = [s for s in self._active if s.prefilled]
         ride = self._ride(pre) if pre and dec else None
-        if pre and ride is None:
+        if ride is None and pre:
             self._prefill(pre)
+        elif ride is not None and len(pre) > 1 and ride[2] < self.prefill_budget:
+            self._prefill(pre[1:], self.prefill_budget - ride[2])  # the budget the ride left, in calls of their own
         if dec:
             self._decode(dec, ride)
         return bool(pre or dec)
@@ -322,13 +324,14 @@ class Engine:
         need = max((s.c.generation.stats.prompt_tokens + s.cfg.max_new_tokens + T for s in self._active), default=1)
         return min(need, self.pool.buckets[-1])
 
-    def _prefill(self, pre: list[Sequence]) -> None:
-        """Prefill chunks up to the budget, oldest first: the first chunks of requests on neighbouring rows
-        as one batched call (`_first_chunks`), the rest as single-row calls on the request's pool row."""
+    def _prefill(self, pre: list[Sequence], budget: int | None = None) -> None:
+        """Prefill chunks up to the budget (default `prefill_budget`), oldest first: the first chunks of
+        requests on neighbouring rows as one batched call (`_first_chunks`), the rest as single-row calls on
+        the request's pool row."""
         # nothing decodes yet (a burst's start): nobody waits on prefill, so neither the budget nor its cap on a
         # call's T (the long prefill profiles are for prompts that prefill alone) applies
         waiting = len(pre) < len(self._active)
-        budget = self.prefill_budget if waiting else 1 << 30
+        budget = (budget or self.prefill_budget) if waiting else 1 << 30
         group = self._first_chunks(pre, budget)
         if group:
             budget -= self._prefill_batch(*group)
