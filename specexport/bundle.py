@@ -329,8 +329,8 @@ def _check_model(e, where: str, role: str, S: int, B: int, files: dict) -> None:
             raise _bad(f"{where}.notes.mixed.graph", "must name an .onnx file other than the graph", mixed["graph"])
         _int(mixed["groups"], f"{where}.notes.mixed.groups", lo=1, hi=8)
         _num(mixed["max_abs"], f"{where}.notes.mixed.max_abs", lo=0)
-        if attention != "fused":
-            raise _bad(f"{where}.notes.mixed", "is for a fused graph only", attention)
+        if attention != "fused" or role != "target":
+            raise _bad(f"{where}.notes.mixed", "is for a fused target graph only", f"{role} {attention}")
     engine = _obj(e.get("engine", {}), f"{where}.engine", free=True)
     if engine:
         _listed(engine.get("file"), f"{where}.engine.file", files)

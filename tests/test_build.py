@@ -22,11 +22,17 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     m = bundle.read(bundle_noisy)
     assert m.target.profiles == {"decode": 1, "prefill": 8, "verify_1": 2, "verify_2": 3, "verify_4": 5}
     assert m.draft.profiles == {"decode": 1, "catchup": 2, "prefill": 8}
-    # one graph + one weights file per model, whatever the number of profiles
+    # one graph + one weights file per model, whatever the number of profiles; the target's mixed graph (the
+    # batching engine's) reads the same weights file
     onnx_files = sorted(f for f in m.files if f.endswith(".onnx"))
-    assert onnx_files == ["draft.onnx", "target.onnx"]
+    assert onnx_files == ["draft.onnx", "target.mixed.onnx", "target.onnx"]
+    assert sorted(f for f in m.files if f.endswith(".data")) == ["draft.onnx.data", "target.onnx.data"]
     ckpt_bytes = (ckpts["target"] / "model.safetensors").stat().st_size
     assert (bundle_noisy / "target.onnx.data").stat().st_size <= 1.1 * ckpt_bytes
+    mixed = onnx.load(str(bundle_noisy / "target.mixed.onnx"), load_external_data=False).graph
+    places = {kv.value for t in mixed.initializer for kv in t.external_data if kv.key == "location"}
+    assert places == {"target.onnx.data"}, places
+    assert m.target.mixed == {"graph": "target.mixed.onnx", "groups": 1, "max_abs": 0.0}
     assert m.tokenizer["eos_token_ids"] == [2] and "<assistant>" in m.tokenizer["chat_template"]
     # fused attention by default: onnxruntime's GroupQueryAttention, cache buffers bound as past and present
     assert m.target.attention == m.draft.attention == "fused"

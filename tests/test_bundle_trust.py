@@ -135,7 +135,8 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d["models"]["target"]["notes"]["mixed"].update(graph="target.onnx"), "models.target.notes.mixed.graph"),
     (lambda d: d["models"]["target"]["notes"]["mixed"].update(groups=0), "models.target.notes.mixed.groups"),
     (lambda d: d["models"]["target"]["notes"]["mixed"].pop("max_abs"), "models.target.notes.mixed.max_abs is missing"),
-    (lambda d: d["models"]["target"].update(attention="portable"), "models.target.notes.mixed"),
+    (lambda d: d["models"]["draft"]["notes"].update(mixed=d["models"]["target"]["notes"]["mixed"]),
+     "models.draft.notes.mixed"),
 ])
 def test_schema_names_the_field(copy, change, field):
     edit(copy, change)

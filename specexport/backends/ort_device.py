@@ -42,9 +42,9 @@ class OrtDeviceBackend(DeviceSteps):
         BackendBase.__init__(self, entry, buckets)
         a = entry.arch
         self.cuda_graphs = cuda_graphs and kind == "cuda"
-        so = ort.SessionOptions()
-        if threads:
-            so.intra_op_num_threads = threads
+        from .ort import session_options
+
+        so = session_options(threads)  # the process's one onnxruntime thread pool (backends/ort.py)
         opts = {"device_id": self.device.index or 0} if kind == "cuda" else {}
         if self.cuda_graphs:
             opts["enable_cuda_graph"] = "1"
