@@ -234,3 +234,20 @@ def test_no_mixed_graph(ckpts, tmp_path):
     want = [solo(pipe, p, max_new_tokens=16) for p in PROMPTS[:3]]
     cs = [pipe.submit(p, max_new_tokens=16, draft="recycle") for p in PROMPTS[:3]]
     assert [c.wait(60).token_ids for c in cs] == want
+
+
+def test_two_groups_let_three_requests_verify_apart(ckpts, tmp_path):
+    """--mixed-groups 2: three decoding requests verify their own drafts in one call (a batch of one and two
+    groups), a prefill chunk rides beside decode rows; every output == solo."""
+    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], ks=(2, 4), capacity=96, chunk=8,
+                                        batch_sizes=(1, 2, 4), mixed_groups=2))
+    assert pipe.target.groups == 2 and pipe.manifest.models["target"].mixed["max_abs"] <= 1e-4
+    prompts = [PROMPTS[1], PROMPTS[4], PROMPTS[2]]
+    want = [solo(pipe, p, max_new_tokens=40) for p in prompts]
+    eng = pipe.start_engine(max_batch=4, max_queue=4)
+    eng._thread = True
+    cs = [pipe.submit(p, max_new_tokens=40, draft=d, k=4) for p, d in zip(prompts, ["recycle", "ngram", "recycle"])]
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in cs] == want
+    assert eng.stats()["mixed_apart"] >= 3 and any(m == 3 for m, _ in eng.pair_costs.seen), eng.pair_costs.seen
