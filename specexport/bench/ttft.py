@@ -5,8 +5,8 @@ the bundle's tokenizer (no chat template), each (round, length) from its own str
 prefix of another, so a peer that caches prompt prefixes across calls (OpenVINO GenAI's LLMPipeline does:
 a 1,500-token prompt seen before came back in 0.06 s) prefills every prompt in full. Each method generates one
 token from each prompt (its prefill plus the first token's choice); every (length, method) runs in turn, the
-rotation starting at the next method each round, --repeats rounds of the whole grid, and the median is kept. The first method is the reference whose first
-token the others are checked against, prompt by prompt.
+rotation starting at the next method each round, --repeats rounds of the whole grid, and the median is kept.
+The first method is the reference whose first token the others are checked against, prompt by prompt.
 """
 from __future__ import annotations
 
