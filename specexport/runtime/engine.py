@@ -450,6 +450,8 @@ class Engine:
                 return False
         else:
             T = next((t for t in ts if t >= max(caps)), ts[-1])
+        if max(int(self.pool.n[s.row]) for s in dec) + T > self.pool.S:  # near the capacity: plain steps
+            return False
         calls = []
         for s, t in zip(dec, trees):
             i, p, mk = t.inputs(T, len(s.ids))
