@@ -251,3 +251,15 @@ def test_two_groups_let_three_requests_verify_apart(ckpts, tmp_path):
         pass
     assert [c.wait(1).token_ids for c in cs] == want
     assert eng.stats()["mixed_apart"] >= 3 and any(m == 3 for m, _ in eng.pair_costs.seen), eng.pair_costs.seen
+
+
+def test_requests_at_the_capacity_share_calls(bundles):
+    """Two requests whose prompt + max_new_tokens fill the capacity (96) exactly: their last steps cannot
+    verify apart (no slots for the drafts), they decode plainly to the end; outputs == solo."""
+    pipe = specexport.load(bundles["fused"])
+    prompts = [(PROMPTS[1] * 4)[:40], (PROMPTS[4] * 4)[:30]]
+    ids = [pipe.encode(p) for p in prompts]
+    want = [pipe.generate(i, draft="none", max_new_tokens=96 - len(i)).token_ids for i in ids]
+    cs = [pipe.submit(i, max_new_tokens=96 - len(i), draft="recycle", k=4) for i in ids]
+    assert [c.wait(60).token_ids for c in cs] == want
+    assert all(c.generation.finish_reason in ("length", "eos") for c in cs)
