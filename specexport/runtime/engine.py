@@ -439,7 +439,7 @@ class Engine:
         caps = [min(len(t), s.cfg.k + 1 if s.drafter is not None else 1) for s, t in zip(dec, trees)]
         if max(caps) < 2:
             return False
-        ts = [t for t in self.target.batch_ts(1) if t > 1 and t in self.target.entry.profiles.values()]
+        ts = sorted({t for name, t in self.target.entry.profiles.items() if name.startswith("verify_")})
         m = len(dec)
         if any(s.cfg.adaptive for s in dec):
             cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
