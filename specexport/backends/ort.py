@@ -69,10 +69,7 @@ class OrtBackend(BackendBase):
                              "(fused attention does not wrap around): lower max_new_tokens or rebuild with a "
                              "larger --capacity")
         x = step_inputs(cache, ids, start, new_mask, positions)
-        bias = np.zeros((1, 1, T, n + T), dtype=np.float32)
-        bias[0, 0, :, n:] = np.where(x["new_mask"][0], 0.0, -np.inf)  # the node's own causal mask adds nothing new
-        feeds = {"input_ids": x["input_ids"], "position_ids": x["position_ids"], "attn_bias": bias,
-                 "seqlens_k": np.array([n + T - 1], dtype=np.int32), "total_len": np.array(n + T, dtype=np.int32)}
+        feeds = fused_feeds(np.array([n]), x["input_ids"], x["position_ids"], x["new_mask"])
         R = T
         if self.row_input:
             feeds["logit_rows"] = logit_rows(T, rows)
@@ -101,15 +98,9 @@ class OrtBackend(BackendBase):
     def _binding(self, cache: RingKV):
         """This generation's IO binding, the cache's layer buffers bound (no copy) as past and present once
         per buffer (it changes only when the cache grows to the next bucket)."""
-        import onnxruntime as ort
-
         data, io = cache.scratch.get("ort", (None, None))
         if data is not cache.data:  # holding the old buffer keeps its address from being reused before this check
-            io = self.session.io_binding()
-            for name, view in zip(self.kv_names, cache.views()):
-                ov = ort.OrtValue.ortvalue_from_numpy(view)
-                io.bind_ortvalue_input(name, ov)
-                io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+            io = bind_cache(self.session.io_binding(), zip(self.kv_names, cache.views()))
             cache.scratch["ort"] = (cache.data, io)
         return io
 
@@ -165,16 +156,10 @@ class OrtBackend(BackendBase):
     def _pool_binding(self, pool: KVPool, B: int, first: int = 0):
         """An IO binding with rows [first, first+B) of the pool bound (no copy) as past and present of every
         layer; kept until the pool's buffer is reallocated."""
-        import onnxruntime as ort
-
         key = (id(self), B, first)
         io = pool.scratch.get(key)
         if io is None:
-            io = self.session.io_binding()
-            for name, view in zip(self.kv_names, pool.views(B, first)):
-                ov = ort.OrtValue.ortvalue_from_numpy(view)
-                io.bind_ortvalue_input(name, ov)
-                io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+            io = bind_cache(self.session.io_binding(), zip(self.kv_names, pool.views(B, first)))
             pool.scratch[key] = io
         return io
 
@@ -212,8 +197,6 @@ class OrtBackend(BackendBase):
         each. A group's row inside the batch is fed there as padding that writes one slot past the group's
         tokens (it needs n_r + Tg + T <= S). -> (the batch's StepOut, one StepOut per group, logits [Rg,V],
         new_kv [L,2,1,Hkv,Tg,D]); nothing is committed."""
-        import onnxruntime as ort
-
         B, T = ids.shape
         P = self.groups
         if not 1 <= len(group) <= P:
@@ -253,8 +236,7 @@ class OrtBackend(BackendBase):
         key = ("mixed", id(self), B, first, tuple(g[0] for g in group))
         io = pool.scratch.get(key)
         if io is None:
-            io = self._mixed_session().io_binding()
-            views = [(name, v) for name, v in zip(self.kv_names, pool.views(B, first))]
+            views = list(zip(self.kv_names, pool.views(B, first)))
             for j in range(1, P + 1):
                 if j <= len(group):
                     r = group[j - 1][0]
@@ -263,10 +245,7 @@ class OrtBackend(BackendBase):
                     scratch = pool.scratch.setdefault(("mixed-scratch", j), [
                         np.zeros((1, Hkv, 2, D), dtype=np.float32) for _ in self.kv_names])
                     views += [(f"{name}.{j}", v) for name, v in zip(self.kv_names, scratch)]
-            for name, v in views:
-                ov = ort.OrtValue.ortvalue_from_numpy(v)
-                io.bind_ortvalue_input(name, ov)
-                io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+            io = bind_cache(self._mixed_session().io_binding(), views)
             pool.scratch[key] = io
         logits = np.empty((sum(sizes), self.vocab), dtype=np.float32)
         top = np.empty((sum(sizes), self.top_k), dtype=np.int64)
@@ -277,6 +256,18 @@ class OrtBackend(BackendBase):
         ls, ts = np.split(logits, cut), np.split(top, cut)
         batch = StepOut(ls[0].reshape(B, R, -1), kvs[0], run_s, ts[0].reshape(B, R, -1))
         return batch, [StepOut(ls[j], kvs[j], run_s, ts[j]) for j in range(1, len(group) + 1)]
+
+
+def bind_cache(io, views):
+    """Bind each (past name, buffer view) of `views` to `io` without a copy as that past input and as its
+    present output (the same buffer: GroupQueryAttention writes the new K/V in place) -> io."""
+    import onnxruntime as ort
+
+    for name, view in views:
+        ov = ort.OrtValue.ortvalue_from_numpy(view)
+        io.bind_ortvalue_input(name, ov)
+        io.bind_ortvalue_output("present_" + name[len("past_"):], ov)
+    return io
 
 
 _POOL: list = []  # the size of onnxruntime's global thread pool, once set
