@@ -323,7 +323,7 @@ def test_int8_activations_target_decodes_plainly(ckpts, tmp_path, capsys):
     assert levels == {4}
     pipe = specexport.load(out)
     g = pipe.generate("hello world", max_new_tokens=12)
-    assert g.stats.steps == len(g.token_ids) and g.stats.proposed == 0  # default: plain decoding
+    assert g.stats.steps == len(g.token_ids) - 1 and g.stats.proposed == 0  # default: plain (the first token: the prefill)
     for draft in ("ngram", "recycle"):
         with pytest.raises(ValueError, match="--target-activations float32"):
             pipe.generate("hello world", max_new_tokens=12, draft=draft)

@@ -101,29 +101,44 @@ def test_gumbel_sampling_matches_solo(bundles):
 
 
 def test_rejection_sampler_law_in_a_batch(bundles):
-    """The first sampled token of many batched requests (recycle drafts, rejection sampler) follows the
-    target's warped distribution: chi-square against the exact probabilities."""
+    """Many batched requests (recycle drafts, rejection sampler): the first token (the prefill's) and the
+    second (a verify call's, after the most frequent first token) follow the target's warped distribution:
+    chi-square against the exact probabilities."""
     from scipy.stats import chisquare
 
+    from specexport.runtime.prefill import feed
     from specexport.runtime.sampling import SamplingParams, probs, warp
 
     pipe = specexport.load(bundles["portable"])
     prompt = "abc abc abc ab"
     ids = pipe.encode(prompt)
-    cache = pipe.target.new_cache()
-    from specexport.runtime.prefill import feed
-    feed(pipe.target, cache, ids[:-1])
     sp = SamplingParams(temperature=1.0, sampler="rejection", seed=0)
-    p = probs(warp(pipe.target.step(cache, [ids[-1]], len(ids) - 1).logits[0], sp))
+
+    def law(seq):
+        cache = pipe.target.new_cache()
+        feed(pipe.target, cache, seq[:-1])
+        return probs(warp(pipe.target.step(cache, [seq[-1]], len(seq) - 1).logits[0], sp))
+
+    def fits(got, p):
+        top = np.argsort(p)[::-1][:6]
+        obs = [int((got == t).sum()) for t in top] + [int((~np.isin(got, top)).sum())]
+        exp = [p[t] * len(got) for t in top] + [(1 - p[top].sum()) * len(got)]
+        return chisquare(obs, exp).pvalue > 1e-3, (obs, exp)
+
     pipe.start_engine(max_batch=4, max_queue=400)
-    n = 300
-    cs = [pipe.submit(prompt, max_new_tokens=2, temperature=1.0, sampler="rejection", seed=s, draft="recycle")
+    n = 400
+    cs = [pipe.submit(prompt, max_new_tokens=3, temperature=1.0, sampler="rejection", seed=s, draft="recycle")
           for s in range(n)]
-    first = np.array([c.wait(120).token_ids[0] for c in cs])
-    top = np.argsort(p)[::-1][:6]
-    obs = [int((first == t).sum()) for t in top] + [int((~np.isin(first, top)).sum())]
-    exp = [p[t] * n for t in top] + [(1 - p[top].sum()) * n]
-    assert chisquare(obs, exp).pvalue > 1e-3, (obs, exp)
+    gens = [c.wait(120) for c in cs]
+    first = np.array([g.token_ids[0] for g in gens])
+    ok, why = fits(first, law(ids))
+    assert ok, why
+    x1 = int(np.bincount(first).argmax())
+    after = [g for g in gens if g.token_ids[0] == x1 and len(g.token_ids) > 1]
+    assert sum(g.stats.accepted for g in after) < sum(g.stats.proposed for g in after)  # drafts were rejected
+    assert sum(g.stats.accepted for g in after) > 0  # and accepted
+    ok, why = fits(np.array([g.token_ids[1] for g in after]), law(ids + [x1]))
+    assert ok, why
 
 
 def test_refusals(bundles):

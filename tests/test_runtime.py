@@ -107,7 +107,8 @@ def test_speculative_sampling_distribution_is_the_targets(small_vocab, sampler, 
     counts = np.zeros_like(P)
     proposed = accepted = 0
     for seed in range(N):
-        g = pipe.generate(prompt, max_new_tokens=2, draft=draft, k=k, temperature=0.9, top_p=0.9,
+        # x1 comes from the prefill; x2 from a verify call of k drafts (room for them: 2 + k new tokens)
+        g = pipe.generate(prompt, max_new_tokens=2 + k, draft=draft, k=k, temperature=0.9, top_p=0.9,
                           seed=seed, sampler=sampler)
         ids = g.token_ids
         counts[ids[0], ids[1] if len(ids) > 1 else 0] += 1

@@ -60,8 +60,8 @@ class Stats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per target step (accepted drafts + 1)."""
-        return self.new_tokens / self.steps if self.steps else 0.0
+        """Mean tokens emitted per target step (accepted drafts + 1); the first token is the prefill's."""
+        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
     @property
     def acceptance(self) -> float:
@@ -174,12 +174,19 @@ def generate(target: Backend, drafter, prompt: list[int], cfg: DecodeConfig, sta
     stats.prompt_tokens = len(prompt)
     stats.hist = [0] * (cfg.k + 1)
     cache = target.new_cache()
-    # the prompt's rows get no logits, so the recycle drafter does not learn from the prompt (it would cost
-    # ~17% more prefill for ~1% more tokens per step: docs/benchmarks.md)
-    _, stats.prefill_s = feed(target, cache, prompt[:-1])
+    # room for the whole generation now: one allocation instead of a copy per bucket on the way
+    cache.reserve(len(prompt) + cfg.max_new_tokens + max(verify_ts.values(), default=1))
+    # the first token comes from the prefill's last row (one target call fewer than feeding the last prompt
+    # token in a decode step); the other prompt rows get no logits, so the recycle drafter does not learn from
+    # the prompt (it would cost ~17% more prefill for ~1% more tokens per step: docs/benchmarks.md)
+    logits, stats.prefill_s = feed(target, cache, prompt)
+    check_finite(logits[None], "target")
     if drafter is not None and not tree:
         stats.prefill_s += drafter.start(prompt, cache)
-    tokens = list(prompt)
+    tokens = list(prompt) + [pick.target(logits, len(prompt))]
+    stats.new_tokens = 1
+    stats.total_s = time.perf_counter() - t0
+    yield tokens[-1:]
     costs = StepCosts()
     policy = (KPolicy(sorted(verify_ts), verify_ts, costs, allow_plain=isinstance(drafter, NgramDrafter))
               if cfg.adaptive and drafter is not None and not tree else None)

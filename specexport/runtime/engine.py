@@ -94,14 +94,14 @@ class Sequence:
     pick: Picker | None = None
     row: int = -1
     cache: object = None  # the row as a RingKV (prefill chunks)
-    fed: int = 0  # prompt tokens (of prompt[:-1]) already in the cache
+    fed: int = 0  # prompt tokens already in the cache
     chain_rate: float = 0.5  # running acceptance of an ngram chain (its node scores: rate ** depth)
     emitted: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
     @property
     def prefilled(self) -> bool:
-        return self.fed >= self.c.generation.stats.prompt_tokens - 1
+        return self.fed >= self.c.generation.stats.prompt_tokens
 
 
 class Engine:
@@ -292,7 +292,7 @@ class Engine:
         if not self.groups:
             return None
         s = pre[0]
-        T, r = next_chunk(self.target, s.c.generation.stats.prompt_tokens - 1 - s.fed, self.prefill_budget)
+        T, r = next_chunk(self.target, s.c.generation.stats.prompt_tokens - s.fed, self.prefill_budget)
         top = max(t for name, t in self.target.entry.profiles.items() if not name.startswith("prefill"))
         if self.pool.n[s.row] + T + top > self.pool.S:  # its padding in the batch would not fit after the chunk
             return None
@@ -338,12 +338,14 @@ class Engine:
             if not waiting and any(s.prefilled for s in group[2]):
                 return  # whoever those chunks completed decodes first; the rest prefill within the budget
         for s in pre:
-            prompt = s.ids[:s.c.generation.stats.prompt_tokens - 1]
+            prompt = s.ids[:s.c.generation.stats.prompt_tokens]
             while budget > 0 and s.fed < len(prompt):
                 i, r, out = feed_chunk(self.target, s.cache, prompt, s.fed, self.prefill_budget if waiting else None)
                 s.fed = i + r
                 s.c.generation.stats.prefill_s += out.run_s
                 budget -= r
+                if s.prefilled:
+                    self._first(s, out.logits[0])
             if budget <= 0:
                 return
 
@@ -373,22 +375,25 @@ class Engine:
         return best
 
     def _prefill_batch(self, r0: int, B: int, group: list[Sequence]) -> int:
-        """Run the first chunk of every request in `group` (rows r0.. of a B-row call) -> tokens fed. Only one
-        logit row is computed: prefill feeds prompt[:-1], whose logits nobody reads."""
+        """Run the first chunk of every request in `group` (rows r0.. of a B-row call) -> tokens fed. Logits
+        only at the last rows of the prompts that chunk completes (every row gets the same T indices)."""
         chunk = self.target.entry.profiles["prefill"]
-        lens = [min(s.c.generation.stats.prompt_tokens - 1, chunk) for s in group]
+        lens = [min(s.c.generation.stats.prompt_tokens, chunk) for s in group]
         T = min(t for t in self.target.profile_ts if t >= max(lens))
         ids = np.zeros((B, T), dtype=np.int64)
         for s, r in zip(group, lens):
             ids[s.row - r0, :r] = s.ids[:r]
+        last = sorted({r - 1 for s, r in zip(group, lens) if r == s.c.generation.stats.prompt_tokens}) or [0]
         out = self.target.step_batch(self.pool, ids, np.broadcast_to(np.arange(T), (B, T)).copy(),
-                                     first=r0, rows=[0])
+                                     first=r0, rows=last)
         pb = self.counters["prefill_batch"]
         pb[len(group)] = pb.get(len(group), 0) + 1
         for s, r in zip(group, lens):
             self.pool.commit(s.row, out.new_kv, s.row - r0, range(r))
             s.fed = r
             s.c.generation.stats.prefill_s += out.run_s  # the call's time: this request waited all of it
+            if s.prefilled:
+                self._first(s, out.logits[s.row - r0, last.index(r - 1)])
         return sum(lens)
 
     def _decode(self, dec: list[Sequence], ride=None) -> None:
@@ -416,11 +421,15 @@ class Engine:
             p, Tc, r = ride
             chunk = p.ids[p.fed:p.fed + r] + [0] * (Tc - r)
             n = int(self.pool.n[p.row])
-            out, (g,) = self.target.step_mixed(self.pool, ids, pos, mask, [(p.row, chunk, np.arange(n, n + Tc), None, [])])
+            last = p.fed + r == p.c.generation.stats.prompt_tokens  # the chunk completes the prompt: its last row's logits
+            out, (g,) = self.target.step_mixed(self.pool, ids, pos, mask,
+                                               [(p.row, chunk, np.arange(n, n + Tc), None, [r - 1] if last else [])])
             self.pool.commit(p.row, g.new_kv, 0, range(r))
             p.fed += r
             p.c.generation.stats.prefill_s += out.run_s
             self.counters["rides"] = self.counters.get("rides", 0) + 1
+            if last:
+                self._first(p, g.logits[0])
         self.counters["steps"] += 1
         self.counters["batch"][B] = self.counters["batch"].get(B, 0) + 1
         for s, t in zip(dec, trees):
@@ -509,6 +518,20 @@ class Engine:
             st.hist += [0] * (a + 1 - len(st.hist))
         st.hist[a] += 1
         st.verify_s += out.run_s
+        self._emit(s, emitted)
+
+    def _first(self, s: Sequence, logits: np.ndarray) -> None:
+        """The whole prompt is in the cache: the logits of its last row [V] give the first token (no decode
+        row for it), exactly as a decode step's row would pick it."""
+        try:
+            check_finite(logits[None], "target")
+            self._emit(s, [s.pick.target(logits, len(s.ids))])
+        except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
+            self._retire(s, "error", e)
+
+    def _emit(self, s: Sequence, emitted: list) -> None:
+        """Append accepted tokens, stream their text, retire the request when it is done."""
+        st = s.c.generation.stats
         s.ids += emitted
         s.emitted += len(emitted)
         self.counters["tokens"] += len(emitted)
