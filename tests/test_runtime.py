@@ -122,3 +122,20 @@ def test_speculative_sampling_distribution_is_the_targets(small_vocab, sampler, 
     keep = f_exp > 0
     p_value = chisquare(f_obs[keep], f_exp[keep] * f_obs[keep].sum() / f_exp[keep].sum()).pvalue
     assert p_value > 1e-3, (p_value, f_obs, f_exp)
+
+
+def test_first_token_comes_from_the_prefill(small_vocab):
+    """The first token is the last prompt row's argmax (transformers' eager model on the whole prompt) and costs
+    no target call after the prefill, alone and on the engine; prompts of 1 token to several prefill chunks."""
+    target, b = small_vocab
+    pipe = specexport.load(b)
+    m = AutoModelForCausalLM.from_pretrained(target).eval()
+    for prompt in ([5], [1, 3, 4], [1, 3, 4, 3, 4, 3, 5, 6, 7, 3, 4]):
+        with torch.no_grad():
+            want = int(m(torch.tensor([prompt])).logits[0, -1].argmax())
+        g = pipe.generate(prompt, max_new_tokens=1, draft="none")
+        assert g.token_ids == [want] and g.stats.steps == 0 and g.stats.new_tokens == 1
+        e = pipe.submit(prompt, max_new_tokens=1, draft="none").wait(60)
+        assert e.token_ids == [want] and e.stats.steps == 0 and e.finish_reason == "length"
+        two = pipe.generate(prompt, max_new_tokens=2, draft="none")
+        assert two.token_ids[0] == want and two.stats.steps == 1
