@@ -304,7 +304,7 @@ def test_sigterm_finishes_running_requests_then_exits_0(bundle):
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "specexport.cli", "serve", str(bundle), "--port", str(port),
-                             "--max-batch", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--max-batch", "2", "--prefill-budget", "16"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.perf_counter()
@@ -316,6 +316,7 @@ def test_sigterm_finishes_running_requests_then_exits_0(bundle):
             except OSError:
                 pass
             time.sleep(0.1)
+        assert metric(url, "specexport_prefill_budget") == 16 and metric(url, "specexport_max_batch") == 2  # the flags
         c = client(url)
         stream = c.chat.completions.create(model="tiny", messages=HI, max_tokens=LONG, temperature=0, stream=True,
                                            stream_options={"include_usage": True}, extra_body={"draft": "none"})
@@ -333,3 +334,10 @@ def test_sigterm_finishes_running_requests_then_exits_0(bundle):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_bad_server_settings_are_refused_by_name(bundle):
+    for bad, name in (({"max_queue": -1}, "max_queue"), ({"prefill_budget": 0}, "prefill_budget"),
+                      ({"max_batch": 0}, "max_batch")):
+        with pytest.raises(ValueError, match=name):
+            ServeConfig(bundle=str(bundle), **bad)

@@ -40,6 +40,7 @@ class ServeConfig:
     port: int = 8000
     max_batch: int | None = None  # requests decoding at once (batch rows); None: the bundle's largest batch
     max_queue: int = 64  # requests waiting for a row; past that: 429
+    prefill_budget: int | None = None  # prompt tokens prefilled per step while others decode (None: the engine's)
     api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
     model_name: str = ""  # the id clients send as "model"; "" = the bundle directory's name
     threads: int | None = None  # onnxruntime intra-op threads (None: all cores)
@@ -54,6 +55,8 @@ class ServeConfig:
             raise ValueError(f"max_batch must be an integer >= 1, got {self.max_batch!r}")
         if not (isinstance(self.max_queue, int) and self.max_queue >= 0):
             raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
+        if self.prefill_budget is not None and not (isinstance(self.prefill_budget, int) and self.prefill_budget >= 1):
+            raise ValueError(f"prefill_budget must be an integer >= 1, got {self.prefill_budget!r}")
         if self.max_body_bytes < 1 or self.drain_timeout < 0:
             raise ValueError("max_body_bytes must be >= 1 and drain_timeout >= 0")
         if self.api_key is not None and not self.api_key:
@@ -70,7 +73,7 @@ def load_pipeline(cfg: ServeConfig):
 
     pipe = load(cfg.bundle, threads=cfg.threads)
     bounds = {"max_queue": cfg.max_queue} | ({"max_batch": cfg.max_batch} if cfg.max_batch else {})
-    pipe.start_engine(**bounds)
+    pipe.start_engine(**bounds, prefill_budget=cfg.prefill_budget)
     return pipe
 
 

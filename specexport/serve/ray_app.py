@@ -49,8 +49,8 @@ def deployment(cfg: ServeConfig, replicas: int = 1):
 
 def app_builder(args: dict):
     """For `serve run specexport.serve.ray_app:app_builder bundle=PATH [replicas=N max_batch=N max_queue=N
-    threads=N api_key=KEY model_name=NAME]`."""
-    ints = {"replicas", "max_batch", "max_queue", "threads", "port"}
+    prefill_budget=N threads=N api_key=KEY model_name=NAME]`."""
+    ints = {"replicas", "max_batch", "max_queue", "prefill_budget", "threads", "port"}
     a = {k: int(v) if k in ints else v for k, v in args.items()}
     replicas = a.pop("replicas", 1)
     return deployment(ServeConfig(**a), replicas)
