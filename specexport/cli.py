@@ -90,7 +90,8 @@ def cmd_serve(a) -> int:
     from .serve.app import ServeConfig
 
     cfg = ServeConfig(bundle=a.bundle, host=a.host, port=a.port, max_batch=a.max_batch, max_queue=a.max_queue,
-                      prefill_budget=a.prefill_budget, api_key=a.api_key or os.environ.get("SPECEXPORT_API_KEY") or None, model_name=a.model_name,
+                      prefill_budget=a.prefill_budget,
+                      api_key=a.api_key or os.environ.get("SPECEXPORT_API_KEY") or None, model_name=a.model_name,
                       threads=a.threads, drain_timeout=a.drain_timeout)
     if not Path(a.bundle, "manifest.json").is_file():
         raise FileNotFoundError(f"{a.bundle} is not a bundle (no manifest.json): build one with specexport build")

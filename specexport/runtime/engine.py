@@ -421,7 +421,7 @@ class Engine:
             p, Tc, r = ride
             chunk = p.ids[p.fed:p.fed + r] + [0] * (Tc - r)
             n = int(self.pool.n[p.row])
-            last = p.fed + r == p.c.generation.stats.prompt_tokens  # the chunk completes the prompt: its last row's logits
+            last = p.fed + r == p.c.generation.stats.prompt_tokens  # completes the prompt: its last row's logits
             out, (g,) = self.target.step_mixed(self.pool, ids, pos, mask,
                                                [(p.row, chunk, np.arange(n, n + Tc), None, [r - 1] if last else [])])
             self.pool.commit(p.row, g.new_kv, 0, range(r))

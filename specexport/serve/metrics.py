@@ -32,7 +32,8 @@ class _EngineGauges:
                                ("queued_requests", "queued", "requests waiting for a batch row"),
                                ("max_batch", "max_batch", "configured batch rows"),
                                ("max_queue", "max_queue", "configured queue bound"),
-                               ("prefill_budget", "prefill_budget", "prompt tokens prefilled per step while others decode")):
+                               ("prefill_budget", "prefill_budget",
+                                "prompt tokens prefilled per step while others decode")):
             value = s.get(key, s.get("running", 0) if key == "decoding" else 0)
             yield GaugeMetricFamily(f"specexport_{name}", doc, value=float(value or 0))
         for name, key, doc in (("engine_steps", "steps", "target calls of the engine (all rows at once)"),
