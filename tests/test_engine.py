@@ -208,9 +208,14 @@ def test_warm_start_and_the_pool_buffer(bundles, attention):
     if attention == "fused":
         assert eng.pool.data is buf and eng.pool.generation == 0
         # resident: the slots the three rows were written up to (prompt - 1 + 16 each, at most), not 4 x 96
+        # (a request moved to a lower row, `Engine._pack`, touches that row too: its slots count there as well)
         want_high = sorted(len(pipe.encode(p)) - 1 + 16 for p in prompts)
-        assert sorted(eng.pool.high[eng.pool.high > 0]) == want_high
-        assert st["pool_bytes"] == st["pool_peak_bytes"] == sum(want_high) * slot < eng.pool.data.nbytes
+        high = sorted(eng.pool.high[eng.pool.high > 0])
+        if st["row_moves"]:
+            assert sum(high) >= sum(want_high) and max(high) <= max(want_high), (high, want_high)
+        else:
+            assert high == want_high
+        assert st["pool_bytes"] == st["pool_peak_bytes"] == sum(high) * slot < eng.pool.data.nbytes
     else:
         assert eng.pool.generation > 0  # grew for the long prompt (and shrank after it)
     cold = pipe.start_engine(max_batch=4, warm=False)
@@ -278,3 +283,37 @@ def test_requests_at_the_capacity_share_calls(bundles):
     cs = [pipe.submit(i, max_new_tokens=96 - len(i), draft="recycle", k=4) for i in ids]
     assert [c.wait(60).token_ids for c in cs] == want
     assert all(c.generation.finish_reason in ("length", "eos") for c in cs)
+    # alone (a batch of one verifies): its last steps take only the T whose padding still fits the capacity
+    for k in (4, "auto"):
+        c = pipe.submit(ids[1], max_new_tokens=96 - len(ids[1]), draft="recycle", k=k)
+        assert c.wait(60).token_ids == want[1] and c.generation.finish_reason in ("length", "eos"), c.error
+
+
+def test_calls_cover_the_busy_rows_only(bundles):
+    """onnxruntime runs any B up to the largest built: 3 busy rows make a 3-row call, not a 4-row one. When the
+    early finishers leave the low rows, the survivors move down (one copy of their cache each) and the calls
+    shrink to them. Outputs == solo."""
+    pipe = specexport.load(bundles["fused"])
+    prompts, news = PROMPTS[:4], [3, 3, 28, 28]
+    want = [solo(pipe, p, max_new_tokens=n) for p, n in zip(prompts, news)]
+    eng = pipe.start_engine(max_batch=4)
+    eng._thread = True  # driven by hand: all four are admitted at the first step, on rows 0-3
+    cs = [pipe.submit(p, max_new_tokens=n, draft=d) for p, n, d in zip(prompts, news, ["none", "recycle"] * 2)]
+    calls = []
+    real = pipe.target.step_batch
+    pipe.target.step_batch = lambda pool, ids, *a, **kw: calls.append(ids.shape[0]) or real(pool, ids, *a, **kw)
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in cs] == want
+    assert eng.stats()["row_moves"] >= 2, eng.stats()
+    # the first call: the four first prefill chunks; then rows 0-1 decode while 2-3 prefill, and once 0-1 are
+    # done the survivors decode on rows 0-1 (on rows 2-3 every call would cover 3 or 4 rows)
+    assert calls[0] == 4 and max(calls[1:]) <= 2, calls
+    three = pipe.start_engine(max_batch=4)
+    three._thread = True
+    cs = [pipe.submit(p, max_new_tokens=6, draft="none") for p in prompts[:3]]
+    calls.clear()
+    while three.step():
+        pass
+    assert [c.wait(1).token_ids for c in cs] == [solo(pipe, p, max_new_tokens=6) for p in prompts[:3]]
+    assert calls and set(calls) == {3}, calls  # the first chunks of the three, then their decode steps

@@ -96,11 +96,19 @@ class BackendBase:
         L, Hkv, D = self.dims
         return KVPool(L, Hkv, self.buckets, D, rows, fixed=self.fixed_pool)
 
+    def runs_batch(self, B: int) -> bool:
+        """Whether a call of B rows runs: the built batch sizes (a backend whose graph takes any B says so)."""
+        return B in self.batch_sizes
+
+    def batch_for(self, rows: int) -> int:
+        """The B of a call over pool rows [0, rows): the smallest batch size this backend runs that holds them."""
+        return next(b for b in range(rows, self.batch_sizes[-1] + 1) if self.runs_batch(b))
+
     def batch_call(self, pool: KVPool, ids: np.ndarray, first: int) -> tuple[int, int]:
         """(B, T) of a call of ids [B,T] on pool rows [first, first+B) for a graph that runs any built (B, T)
         (portable, slots): checked against the batch sizes and profiles, the pool reserved for it."""
         B, T = ids.shape
-        if B not in self.batch_sizes or T not in self.profile_ts or first + B > pool.rows:
+        if not self.runs_batch(B) or T not in self.profile_ts or first + B > pool.rows:
             raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "
                              f"(batch sizes {self.batch_sizes}, T {sorted(self.profile_ts)})")
         pool.reserve(int(pool.n[first:first + B].max()) + T)

@@ -105,6 +105,12 @@ class OrtBackend(BackendBase):
         return io
 
     # ---- many sequences per call (the engine)
+    def runs_batch(self, B: int) -> bool:
+        """Any B up to the largest built: the graphs are symbolic in B and every row's numbers are computed
+        apart from the other rows' (the same GEMM kernels per row, attention per row), so a call of 6 busy
+        rows need not pay for 8; the build's B > 1 parity profile stands for them."""
+        return 1 <= B <= self.batch_sizes[-1]
+
     def batch_ts(self, B: int) -> list[int]:
         """The T values a call of B rows can run: every profile, but T=1 only for B > 1 with fused attention
         (onnxruntime's GroupQueryAttention refuses several new tokens per row when a batch has a past; a
@@ -125,7 +131,7 @@ class OrtBackend(BackendBase):
         B, T = ids.shape
         n = pool.n[first:first + B].astype(np.int64)
         prefill = self.fused and B > 1 and T in self.profile_ts and not n.any()
-        if B not in self.batch_sizes or (T not in self.batch_ts(B) and not prefill) or first + B > pool.rows:
+        if not self.runs_batch(B) or (T not in self.batch_ts(B) and not prefill) or first + B > pool.rows:
             raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. (batch "
                              f"sizes {self.batch_sizes}, T {self.batch_ts(B)} at B={B}, T>1 at B>1 on first "
                              f"prefill chunks only)")
@@ -201,7 +207,7 @@ class OrtBackend(BackendBase):
         P = self.groups
         if not 1 <= len(group) <= P:
             raise ValueError(f"{self.entry.role}: a mixed call takes 1..{P} groups, got {len(group)}")
-        if B not in self.batch_sizes or first + B > pool.rows or (T > 1 and B > 1 and pool.n[first:first + B].any()):
+        if not self.runs_batch(B) or first + B > pool.rows or (T > 1 and B > 1 and pool.n[first:first + B].any()):
             raise ValueError(f"{self.entry.role}: no mixed batch B={B}, T={T} for rows {first}..")
         n = pool.n[first:first + B].astype(np.int64)
         ids, positions = ids.copy(), positions.copy()

@@ -169,6 +169,15 @@ class KVPool:
         self.n[r] = n + m
         self.high[r] = max(self.high[r], n + m)
 
+    def move(self, src: int, dst: int) -> None:
+        """Move row src's committed slots to free row dst (the engine packs busy rows low, so that a call
+        covers fewer rows) and free src."""
+        n = int(self.n[src])
+        self.free.remove(dst)
+        self.data[:, :, dst, :, :n] = self.data[:, :, src, :, :n]
+        self.n[dst], self.high[dst] = n, max(self.high[dst], n)
+        self.release(src)
+
     def row(self, r: int) -> "PoolRow":
         return PoolRow(self, r)
 
