@@ -33,7 +33,7 @@ tgt, pack = pipe.target, Engine._pack
 def variant(name):
     if name == "old":
         tgt.runs_batch = lambda B: B in tgt.batch_sizes  # the built sizes only (BackendBase.runs_batch)
-        Engine._pack = lambda self, dec, ride: None
+        Engine._pack = lambda self, dec: None
     else:
         tgt.__dict__.pop("runs_batch", None)  # the class's (onnxruntime: any B)
         Engine._pack = pack

@@ -287,20 +287,20 @@ class Engine:
         elif ride is not None and len(pre) > 1 and ride[2] < self.prefill_budget:
             self._prefill(pre[1:], self.prefill_budget - ride[2])  # the budget the ride left, in calls of their own
         if dec:
-            self._pack(dec, ride)
+            self._pack(dec)
             self._decode(dec, ride)
         return bool(pre or dec)
 
-    def _pack(self, dec: list[Sequence], ride) -> None:
+    def _pack(self, dec: list[Sequence]) -> None:
         """Move decoding requests from the highest busy rows into free lower ones while that shrinks the
         decode call's B (a call costs every row in [0, B), busy or not: at the end of a burst, or after early
         finishers, the survivors sit on scattered rows). A move copies the request's committed slots once
         (~46 KB per cached token for SmolLM2); it is made only for a request that has MOVE_MIN_LEFT or more
-        tokens to go, and never for the request whose chunk rides in this step."""
+        tokens to go. Prefilling requests (a riding chunk's among them) stay where they are."""
         while True:
             top = max(dec, key=lambda s: s.row)
             free = min(self.pool.free, default=None)
-            if free is None or free > top.row or (ride is not None and ride[0] is top):
+            if free is None or free > top.row:
                 return
             if top.cfg.max_new_tokens - top.emitted < MOVE_MIN_LEFT:
                 return
