@@ -152,7 +152,7 @@ def tree_step(target: Backend, cache, drafter: TreeDrafter, tokens: list[int], n
     along the tree, let the drafter learn from the call."""
     N = len(tokens)
     t = drafter.draft(tokens, nodes, room)
-    cum = t.expected(getattr(drafter, "calibration", None))
+    cum = np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])])
     T = costs.best(1, ts, lambda T: cum[min(T, len(t)) - 1])
     ids, pos, mask = t.inputs(T, N)
     out = target.step(cache, ids, N - 1, new_mask=mask, positions=pos)

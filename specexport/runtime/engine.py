@@ -476,7 +476,7 @@ class Engine:
         ts = sorted({t for name, t in self.target.entry.profiles.items() if name.startswith("verify_")})
         m = len(dec)
         if any(s.cfg.adaptive for s in dec):
-            cums = [self._expected(s, t) for s, t in zip(dec, trees)]
+            cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
             T = self.pair_costs.best(m, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
             B = self.target.batch_for(dec[-1].row + 1)
             gain = sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)) / self.pair_costs.cost(m, T)
@@ -520,14 +520,8 @@ class Engine:
         if not any(s.cfg.adaptive for s in dec):
             need = max(caps)
             return next((T for T in ts if T >= need), ts[-1])
-        cums = [self._expected(s, t) for s, t in zip(dec, trees)]
+        cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
         return self.costs.best(B, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
-
-    @staticmethod
-    def _expected(s: Sequence, tree: Tree) -> np.ndarray:
-        """Expected tokens per number of verified nodes: a recycle tree's scores as its drafter has measured
-        them to pay (a chain's are already its running acceptance, rate ** depth)."""
-        return tree.expected(s.drafter.calibration if isinstance(s.drafter, RecycleDrafter) else None)
 
     def _accept(self, s: Sequence, tree: Tree, T: int, out, b: int | None = None) -> None:
         """Accept row b of `out` (default the request's pool row) for request s, commit, stream."""

@@ -53,15 +53,6 @@ class Tree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def expected(self, calibration: np.ndarray | None = None) -> np.ndarray:
-        """[len]: the expected tokens a step emits when the first i+1 nodes are verified, 1 + their scores;
-        with `calibration` (a drafter's measured accepted / predicted ratio per depth) each node's score is
-        scaled by the ratio at its depth."""
-        s = np.asarray(self.score[1:], dtype=float)
-        if calibration is not None and len(s):
-            s = s * calibration[np.minimum(self.depth[1:], len(calibration) - 1)]
-        return np.concatenate([[1.0], 1.0 + np.cumsum(s)])
-
     def inputs(self, T: int, N: int):
         """ids, absolute positions and new_mask [1,T,T] for the first T nodes; a pad row sees itself only."""
         n = min(T, len(self))

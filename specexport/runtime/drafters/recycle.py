@@ -30,9 +30,6 @@ from .base import Tree
 from .ngram import NgramDrafter
 
 
-DEPTHS = 17  # depths the calibration tells apart (deeper nodes share the last one)
-
-
 class SuccessorTable:
     """The target's top-w next tokens after a context, most likely first, for contexts of the last 1, 2 and 3
     tokens (the longest seen context is the most specific; measured on Spec-Bench output of SmolLM2: the
@@ -92,12 +89,6 @@ class RecycleDrafter:
         prior = [0.4 / (r + 1) * (1 + 0.3 * o) for o in range(SuccessorTable.ORDERS) for r in range(w)] + [0.3]
         self.hits = np.array(prior) * 4  # prior rates, weight 4 trials
         self.trials = np.full(len(prior), 4.0)
-        # per depth: nodes accepted against the sum of their scores (decayed like the rates). The scores
-        # multiply rates along a path as if independent and overrate deep nodes (13 Spec-Bench answers of
-        # SmolLM2: 0.38 accepted per step against 0.40 predicted at T = 3, 1.12 against 1.65 at T = 9), which
-        # would make the choice of T, and the engine's choice to verify at all, pay for rows that do not pay back
-        self.depth_got = np.ones(DEPTHS)
-        self.depth_scored = np.ones(DEPTHS)
 
     def draft(self, tokens: list[int], nodes: int, max_depth: int) -> Tree:
         """The best `nodes` + 1 nodes (root included) at depth <= max_depth."""
@@ -141,23 +132,11 @@ class RecycleDrafter:
             expand(len(tree) - 1)
         return tree
 
-    @property
-    def calibration(self) -> np.ndarray:
-        """Per depth: how many of the predicted accepted nodes were accepted (Tree.expected scales by it)."""
-        return np.minimum(self.depth_got / self.depth_scored, 2.0)
-
     def verified(self, tree: Tree, path: list[int], emitted: list[int], logits: np.ndarray,
                  top: np.ndarray | None = None) -> None:
-        """Learn from one verify call (its first len(logits) nodes): hit rates along the accepted path, the
-        per-depth calibration, successors of every fed node."""
+        """Learn from one verify call: hit rates along the accepted path, successors of every fed node."""
         self.hits *= self.decay
         self.trials *= self.decay
-        if len(logits) > 1:
-            self.depth_got *= self.decay
-            self.depth_scored *= self.decay
-            d = np.minimum(tree.depth[1:len(logits)], DEPTHS - 1)
-            np.add.at(self.depth_scored, d, tree.score[1:len(logits)])
-            self.depth_got[1:min(len(path), DEPTHS)] += 1  # path = the accepted nodes, one per depth from 0
         for node, tok in zip(path, emitted):  # the target's token after path node i is emitted[i]
             for kind, t in tree.cands[node]:
                 self.trials[kind] += 1
