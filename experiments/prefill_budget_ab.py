@@ -1,11 +1,12 @@
 """Poisson (or ARRIVAL=burst) arrivals, the engine at several prefill budgets, interleaved per repeat: tokens/s and
-TTFT p50.  SPECBENCH=...question.jsonl [ARRIVAL=burst NEW=128] python experiments/prefill_budget_ab.py BUNDLE METHOD 64,128,256 REPEATS
+TTFT p50 ("auto": the engine's default, one chunk per request still prefilling, at most four).
+  SPECBENCH=...question.jsonl [ARRIVAL=burst NEW=128] python experiments/prefill_budget_ab.py BUNDLE METHOD 64,auto,256 REPEATS
 """
 import dataclasses, statistics, sys
 from specexport.bench.config import BenchConfig, find_questions, questions
 from specexport.bench.load import Load, arrival_times
 bundle, meth = sys.argv[1], sys.argv[2]
-budgets = [int(x) for x in sys.argv[3].split(",")]
+budgets = [None if x == "auto" else int(x) for x in sys.argv[3].split(",")]
 import os
 arr = os.environ.get("ARRIVAL", "poisson")
 cfg = BenchConfig(bundle=bundle, concurrency=(8, 16), arrival=arr, rate=4.0, requests=32 if arr == "poisson" else 16, limit=16,

@@ -219,8 +219,8 @@ def parser() -> argparse.ArgumentParser:
                    "server answers 429 with Retry-After (default 64)")
     s.add_argument("--prefill-budget", type=int, default=None, metavar="TOKENS", help="prompt tokens prefilled "
                    "per engine step while other requests decode (default: one prefill chunk, 64 tokens for a "
-                   "default build); larger shortens time to first token when requests arrive spread out (256: "
-                   "0.99-1.11x throughput under Poisson arrivals, 0.97-0.99x in bursts; docs/benchmarks.md)")
+                   "default build, per request still prefilling, at most four chunks); a number fixes it "
+                   "(docs/benchmarks.md)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (default: the "
                    "SPECEXPORT_API_KEY environment variable, else no key); /health and /metrics stay open")
     s.add_argument("--model-name", default="", help="the model id clients send (default: the bundle directory's name)")

@@ -317,3 +317,25 @@ def test_calls_cover_the_busy_rows_only(bundles):
         pass
     assert [c.wait(1).token_ids for c in cs] == [solo(pipe, p, max_new_tokens=6) for p in prompts[:3]]
     assert calls and set(calls) == {3}, calls  # the first chunks of the three, then their decode steps
+
+
+@pytest.mark.parametrize("budget", [None, 8])
+def test_the_default_budget_follows_the_prompts_waiting(bundles, budget):
+    """While a request decodes, three prompts arrive: by default the step prefills a chunk of each (the budget
+    is one chunk per request still prefilling, up to four), a fixed budget of one chunk feeds one. Outputs ==
+    solo."""
+    pipe = specexport.load(bundles["fused"])
+    prompts = ["hi", *[(PROMPTS[2] * 2)[:60 + 5 * i] for i in range(3)]]
+    want = [solo(pipe, p, max_new_tokens=12) for p in prompts]
+    eng = pipe.start_engine(max_batch=4, prefill_budget=budget)
+    eng._thread = True  # driven by hand
+    first = pipe.submit(prompts[0], max_new_tokens=12)
+    eng.step()
+    assert first.generation.token_ids  # decoding
+    cs = [pipe.submit(p, max_new_tokens=12) for p in prompts[1:]]
+    eng.step()
+    fed = sum(s.fed for s in eng._active if s.c in cs)
+    assert (eng.prefill_budget, fed) == ((3 * eng.chunk, 3 * eng.chunk) if budget is None else (8, 8))
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in [first] + cs] == want

@@ -28,9 +28,11 @@ from .prefill import chunk_ts, feed_chunk, next_chunk
 from .text import TextStream
 
 _DONE = object()
-# default prefill budget per iteration while others decode, in prefill chunks: one chunk keeps their
-# inter-token time within one chunk call (larger budgets measured slower at 8 requests: docs/benchmarks.md)
-PREFILL_CHUNKS = 1
+# default prefill budget per iteration while others decode: one prefill chunk per request still prefilling,
+# at most PREFILL_CHUNKS_MAX chunks. One chunk keeps the decoding requests' inter-token time within one chunk
+# call when a request arrives alone; when several prefill at once (arrivals spread out, a service under load)
+# the step takes more of their prompts (docs/benchmarks.md: a fixed 256 lost in a burst, this won under Poisson)
+PREFILL_CHUNKS_MAX = 4
 ADMIT_GAP_S, ADMIT_MAX_S = 0.010, 0.050  # how an idle engine collects a burst before its first step
 # a request moves to a lower pool row (one copy of its cache) only with this many tokens still to go: one
 # row fewer in a call saves ~1.5 ms per step on SmolLM2, the copy of a few hundred cached tokens costs ~2 ms
@@ -113,7 +115,8 @@ class Engine:
     One loop (its own thread, or `step()` called by hand) that, per iteration:
       1. admits waiting requests into free pool rows (at most `max_batch` run at once, `max_queue` wait);
       2. runs prefill chunks of admitted requests, at most `prefill_budget` tokens per iteration (default
-         one chunk; no limit while nothing decodes), so a long prompt interleaves with everyone else's decode
+         one chunk per request still prefilling, at most PREFILL_CHUNKS_MAX chunks; no limit while nothing
+         decodes), so a long prompt interleaves with everyone else's decode
          steps instead of stalling them; first chunks of requests on neighbouring rows run as one call, and
          the requests it completed decode at the next step before any other chunk runs;
       3. lets every decoding request draft its own tree (recycle), chain (ngram) or nothing (none), pads
@@ -140,7 +143,10 @@ class Engine:
         self.batch_sizes = [b for b in built if b <= max_batch] or [1]
         if self.batch_sizes[-1] < max_batch:
             self.batch_sizes.append(next(b for b in built if b >= max_batch))
-        self.prefill_budget = prefill_budget or PREFILL_CHUNKS * target.entry.profiles.get("prefill", 1)
+        self.chunk = target.entry.profiles.get("prefill", 1)
+        self.fixed_budget = prefill_budget  # None: the default, which follows how many requests prefill
+        self.budget_max = prefill_budget or PREFILL_CHUNKS_MAX * self.chunk
+        self.prefill_budget = prefill_budget or self.chunk  # this iteration's (step() sets the default's)
         self.pool = target.new_pool(self.batch_sizes[-1])
         self.costs = StepCosts()
         # a mixed graph (fused targets): its single-sequence groups carry a prefill chunk beside the decode rows,
@@ -230,7 +236,7 @@ class Engine:
         if self.groups:  # mixed calls: decode rows + a prefill chunk (`_decode`), requests verifying apart
             last = self.batch_sizes[-1] - 1
             for B in self.batch_sizes:
-                for T in chunk_ts(tgt, self.prefill_budget):
+                for T in chunk_ts(tgt, self.budget_max):
                     tgt.step_mixed(pool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64), None,
                                    [(last, [0] * T, np.arange(T), None, [])])
             for m in range(2, min(self.groups + 1, last + 1) + 1):
@@ -281,6 +287,8 @@ class Engine:
             self._retire(s, "cancelled")
         pre = [s for s in self._active if not s.prefilled]
         dec = [s for s in self._active if s.prefilled]
+        if self.fixed_budget is None:
+            self.prefill_budget = min(self.budget_max, self.chunk * max(len(pre), 1))
         ride = self._ride(pre) if pre and dec else None
         if ride is None and pre:
             self._prefill(pre)

@@ -160,7 +160,8 @@ class Pipeline:
         """(Re)configure the batching engine that `submit` uses: at most `max_batch` requests decode together
         in one target call per step (default: the bundle's largest batch size), at most `max_queue` more
         wait (past that `submit` raises QueueFull); `prefill_budget`: prompt tokens prefilled per step
-        while others decode (default: one prefill chunk; no limit while nothing decodes); `warm`: run each
+        while others decode (default: one prefill chunk per request still prefilling, at most four; no limit
+        while nothing decodes); `warm`: run each
         call shape once now (Engine.warm: a few seconds for SmolLM2 on 2 cores) so that the first requests
         do not pay the backend's first-call costs."""
         if not hasattr(self.target, "step_batch"):
