@@ -105,8 +105,8 @@ class BackendBase:
         return next(b for b in range(rows, self.batch_sizes[-1] + 1) if self.runs_batch(b))
 
     def batch_call(self, pool: KVPool, ids: np.ndarray, first: int) -> tuple[int, int]:
-        """(B, T) of a call of ids [B,T] on pool rows [first, first+B) for a graph that runs any built (B, T)
-        (portable, slots): checked against the batch sizes and profiles, the pool reserved for it."""
+        """(B, T) of a call of ids [B,T] on pool rows [first, first+B) for a graph that runs any profile T at
+        any B it `runs_batch` (portable, slots): checked against both, the pool reserved for it."""
         B, T = ids.shape
         if not self.runs_batch(B) or T not in self.profile_ts or first + B > pool.rows:
             raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. "

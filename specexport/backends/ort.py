@@ -1,8 +1,9 @@
 """The ONNX Runtime backend (CPU; the default, torch-free): one model of a bundle on one InferenceSession.
 
 The graph is loaded once (one copy of the weights in memory serves every profile) and runs `step` on exactly
-the T values the manifest declares, `step_batch` on its batch sizes. It owns no cache: the caller passes a
-RingKV (one sequence) or a KVPool (the engine's rows), so one loaded model serves any number of generations.
+the T values the manifest declares, `step_batch` on any B up to its largest batch size. It owns no cache: the
+caller passes a RingKV (one sequence) or a KVPool (the engine's rows), so one loaded model serves any number of
+generations.
 """
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ class Engine:
          steps instead of stalling them; first chunks of requests on neighbouring rows run as one call, and
          the requests it completed decode at the next step before any other chunk runs;
       3. lets every decoding request draft its own tree (recycle), chain (ngram) or nothing (none), pads
-         them to one built (B, T) profile and runs ONE target call for all of them;
+         them to one (B, T) call over the rows [0, B) they need and runs ONE target call for all of them;
       4. accepts per row (greedy, Gumbel, rejection: runtime/accept), commits per row (a row that accepts
          a drafts commits its a+1 path rows; the rest are never committed), streams, retires finished and
          cancelled requests (their rows are free for the next iteration).
