@@ -54,7 +54,8 @@ DIM_NAMES = ("B", "T", "S", "L", "R")  # docs/design.md: batch, new tokens, cach
 
 # ModelEntry fields that manifest.json keeps in a "notes" object (where bundles have always kept them), each
 # written only when it differs from its default
-NOTES = ("verify_drift", "speculative", "activations", "float32_graph_parity", "mixed")
+NOTES = ("verify_drift", "speculative", "activations", "float32_graph_parity", "mixed", "pad_decode",
+         "exact_trees")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,13 @@ class ModelEntry:
     # a fused target's mixed graph (the engine's: a batch of decode rows plus `groups` single-sequence groups
     # in one call): {"graph": file, "groups": N, "max_abs": its largest |dlogit| from the fused graph's calls}
     mixed: dict | None = None
+    # True: a 1-token call of one row runs with a pad token after it (backends/ort.py pad_decode), so that
+    # onnxruntime's GroupQueryAttention computes every row as it does in a verify call (an int8-activation
+    # target built with --pad-decode: its verify rows then score exactly as its decode rows)
+    pad_decode: bool = False
+    # False where only a chain's verify rows score exactly as decode rows (int8 activations): tree drafts
+    # (recycle) are refused, chains (prompt lookup, a draft model) stay lossless
+    exact_trees: bool = True
 
     @staticmethod
     def from_dict(d: dict) -> "ModelEntry":
@@ -320,6 +328,10 @@ def _check_model(e, where: str, role: str, S: int, B: int, files: dict) -> None:
         _bool(notes["speculative"], f"{where}.notes.speculative")
     if "activations" in notes:
         _str(notes["activations"], f"{where}.notes.activations", choices=("float32", "int8"))
+    if "exact_trees" in notes:
+        _bool(notes["exact_trees"], f"{where}.notes.exact_trees")
+    if "pad_decode" in notes:
+        _bool(notes["pad_decode"], f"{where}.notes.pad_decode")
     if "float32_graph_parity" in notes:
         _check_parity(notes["float32_graph_parity"], f"{where}.notes.float32_graph_parity", S)
     if "mixed" in notes:
@@ -656,7 +668,9 @@ def describe(m: Manifest, root: Path | None = None) -> str:
             lines.append(f"  {name:16s} T={p['T']:<3d} S={p['S']:<5d} max|dlogit| {p['max_abs']:.2e}  "
                          f"top-1 {p['top1']:.2f}")
         if e.verify_drift is not None:
-            plain_only = "" if e.speculative else f" ({e.activations} activations: plain decoding only)"
+            plain_only = (f" ({e.activations} activations: plain decoding only)" if not e.speculative else
+                          f" ({e.activations} activations: chain drafts exact, tree drafts refused)"
+                          if not e.exact_trees else "")
             lines.append(f"  verify vs decode max|dlogit| {e.verify_drift:.2e}{plain_only}")
         if e.mixed:
             lines.append(f"  mixed graph {e.mixed['graph']}: a batch + {e.mixed['groups']} group(s) per call, "

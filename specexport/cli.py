@@ -26,7 +26,7 @@ def cmd_build(a) -> int:
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
                       long_prefill=None if a.long_prefill is None else tuple(t for t in a.long_prefill if t),
                       target_quant=a.quantize_target, target_activations=a.target_activations,
-                      engine=a.engine, engine_precision=a.engine_precision, attention=a.attention,
+                      pad_decode=a.pad_decode, engine=a.engine, engine_precision=a.engine_precision, attention=a.attention,
                       batch_sizes=a.batch, mixed_groups=a.mixed_groups)
     m = build(cfg, log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)),
               progress=sys.stderr.isatty() and not a.quiet)
@@ -142,7 +142,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--target-activations", choices=["float32", "int8"], default="float32",
                    help="how the quantised target computes: float32 (default; speculative decoding stays lossless) "
                    "or int8 (MatMulNBits accuracy level 4: faster plain decoding, but a verify call scores tokens "
-                   "differently from a decode call, so the bundle allows --draft none only)")
+                   "differently from a decode call, so the bundle allows --draft none only, unless --pad-decode)")
+    b.add_argument("--pad-decode", action="store_true",
+                   help="with --target-activations int8: run each 1-token call with a pad token after it (~10%% "
+                   "more per decode call), so that a verify call scores a chain of drafted tokens exactly as plain "
+                   "decoding does: prompt lookup and a draft model speculate losslessly (tree drafts stay refused). "
+                   "The batching engine's calls of several rows cannot carry the pad: batched output is not "
+                   "token-identical to a solo run on such a target")
     b.add_argument("--attention", choices=["fused", "portable", "slots"], default=None,
                    help="fused: onnxruntime's GroupQueryAttention op, which attends over the cached tokens only and "
                    "writes the new K/V in place (default without --engine); portable: standard ONNX ops, for "

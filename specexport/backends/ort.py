@@ -31,6 +31,10 @@ class OrtBackend(BackendBase):
         self.session = ort.InferenceSession(str(root / entry.graph), so,
                                             providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
+        self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
+        self.exact_trees = entry.exact_trees  # False: the pipeline refuses tree drafts (recycle)
+        self.numerics = f"{entry.activations or 'float32'} activations"
+        self.plain_only_fix = "rebuild with --target-activations float32"
         self.root, self._mixed = root, None
         self.fixed_pool = self.fused  # GroupQueryAttention reads each row's n slots whatever S is
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
@@ -48,6 +52,14 @@ class OrtBackend(BackendBase):
         after them): commit the rows you accept with cache.commit(new_kv, rows)."""
         T = len(ids)
         self.check_profile(T)
+        if self.pad_decode and T == 1:
+            (ids,), positions, new_mask, rows, real = pad_decode(
+                np.asarray(ids)[None], None if positions is None else np.asarray(positions)[None], rows)
+            return real(self._step(cache, ids, start, new_mask, None if positions is None else positions[0], rows))
+        return self._step(cache, ids, start, new_mask, positions, rows)
+
+    def _step(self, cache: RingKV, ids, start, new_mask, positions, rows) -> StepOut:
+        T = len(ids)
         cache.reserve(start + T)
         if self.fused:
             return self._step_fused(cache, ids, start, new_mask, positions, rows)
@@ -136,6 +148,14 @@ class OrtBackend(BackendBase):
             raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. (batch "
                              f"sizes {self.batch_sizes}, T {self.batch_ts(B)} at B={B}, T>1 at B>1 on first "
                              f"prefill chunks only)")
+        real = None
+        if self.pad_decode and B == T == 1:
+            ids, positions, new_mask, rows, real = pad_decode(ids, positions, rows)
+        out = self._step_batch(pool, ids, positions, new_mask, first, rows, n)
+        return out if real is None else real(out)
+
+    def _step_batch(self, pool, ids, positions, new_mask, first, rows, n) -> StepOut:
+        B, T = ids.shape
         pool.reserve(int(n.max()) + T)
         pick = None if rows is None else np.asarray(rows, dtype=np.int64)
         if not self.fused:
@@ -263,6 +283,26 @@ class OrtBackend(BackendBase):
         ls, ts = np.split(logits, cut), np.split(top, cut)
         batch = StepOut(ls[0].reshape(B, R, -1), kvs[0], run_s, ts[0].reshape(B, R, -1))
         return batch, [StepOut(ls[j], kvs[j], run_s, ts[j]) for j in range(1, len(group) + 1)]
+
+
+def pad_decode(ids: np.ndarray, positions, rows):
+    """A 1-token call of one row (ids, positions [1,1]) as a 2-token call: the token and a pad, a copy of it at
+    the next position (its K/V go to the free slot after the token's, never committed; the capacity always
+    has that slot, since a token is fed only when another one follows it). Why: GroupQueryAttention
+    multiplies a row's attention weights by V as a matrix product of T rows, and at T = 1 onnxruntime takes
+    a matrix-vector kernel that sums in another order than its T >= 2 kernel; so a decode call scores a token
+    differently from a verify call after the same cache (0.3-0.9 logits on SmolLM2 int4 with int8
+    activations, where the rounding cascades), and with the pad not at all (0.0 for chains:
+    experiments/a8_rows_probe.py). -> (ids, positions, new_mask, rows, real): real(StepOut) cuts the result
+    back to the token asked for."""
+    ids = np.concatenate([ids, ids], axis=1)
+    if positions is not None:
+        positions = np.concatenate([positions, positions + 1], axis=1)
+    rows = [0] if rows is None else rows  # the pad's logits are never wanted
+
+    def real(out: StepOut) -> StepOut:
+        return out._replace(new_kv=out.new_kv[..., :1, :])
+    return ids, positions, None, rows, real  # new_mask None: causal, the token sees itself, the pad both
 
 
 def bind_cache(io, views):

@@ -82,6 +82,7 @@ class BuildConfig:
     # how the quantised target computes (onnxruntime accuracy level 1 or 4); int8 is faster but a verify call
     # scores a token differently from a decode call, so such a bundle decodes plainly only
     target_activations: Activations = "float32"
+    pad_decode: bool = False  # int8 activations: 1-token calls get a pad token, so chain drafts verify exactly
     engine: Engine | None = None  # also build TensorRT engines (needs TensorRT and a GPU here)
     # fused: onnxruntime GroupQueryAttention (the CPU default); portable: standard ONNX ops (TensorRT, the device
     # backends); None: portable with an engine, else fused (resolved())
@@ -114,10 +115,15 @@ class BuildConfig:
         _one_of(self.target_activations, Activations, "--target-activations")
         if self.target_activations == "int8" and not self.target_quant:
             raise ValueError("--target-activations int8 applies to a quantised target: add --quantize-target int4")
-        if self.target_activations == "int8" and self.draft.kind != "none":
-            raise ValueError("a target with int8 activations decodes plainly only (a verify call would score tokens "
-                             "differently from plain decoding, so speculation would not be lossless): use --draft "
-                             "none, or --target-activations float32 to keep speculative decoding")
+        if self.pad_decode and self.target_activations != "int8":
+            raise ValueError("--pad-decode is for a target with int8 activations: add --quantize-target int4 "
+                             "--target-activations int8 (float32 activations speculate without it)")
+        if (self.target_activations == "int8" and not self.pad_decode and self.attention in (None, "fused")
+                and self.draft.kind != "none"):
+            raise ValueError("a target with int8 activations decodes plainly only unless built with --pad-decode "
+                             "(a verify call would score tokens differently from plain decoding, so speculation "
+                             "would not be lossless): add --pad-decode, use --draft none, or --target-activations "
+                             "float32 to keep speculative decoding")
         if not self.tolerance > 0:
             raise ValueError(f"--tolerance must be > 0, got {self.tolerance}")
         _one_of(self.engine, Engine, "--engine", "tensorrt (or left out)")
@@ -242,7 +248,8 @@ def _export(cfg: BuildConfig, root: Path, job: ModelJob, log) -> ModelEntry:
     inputs, outputs = onnx.io_spec(job.gc, attention=cfg.attention)
     return ModelEntry(role=job.role, kind=job.kind, source=job.source, arch=job.gc.summary(), graph=graph_file,
                       weights=graph_file + ".data", profiles=job.profiles, inputs=inputs, outputs=outputs, parity={},
-                      parity_tolerance=None if job.quant_of else cfg.tolerance, attention=cfg.attention)
+                      parity_tolerance=None if job.quant_of else cfg.tolerance, attention=cfg.attention,
+                      pad_decode=job.role == "target" and bool(job.quant_of) and cfg.pad_decode)
 
 
 def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log, step) -> ModelEntry:
@@ -266,11 +273,19 @@ def _check(cfg: BuildConfig, root: Path, job: ModelJob, entry: ModelEntry, log, 
     if job.role != "target":
         return dataclasses.replace(entry, parity=rep)
     step("verify drift")
-    drift = parity.verify_drift(backend)  # does a verify call score tokens as plain decoding does? (losslessness)
-    log(f"  one verify call vs one decode call per token: max|dlogit| {drift:.2e}")
-    if job.accuracy_level != 4 and not drift <= cfg.tolerance:
+    chain, tree = parity.verify_drifts(backend)  # does a verify call score tokens as plain decoding does? (losslessness)
+    drift = max(chain, tree)
+    log(f"  one verify call vs one decode call per token: max|dlogit| {chain:.2e} (chain), {tree:.2e} (tree)")
+    int8 = bool(job.quant_of) and job.accuracy_level == 4  # a quantised target with int8 activations
+    if not int8 and not drift <= cfg.tolerance:
         raise ParityError(f"target: a verify call scores tokens differently from plain decoding by {drift:.3g} > "
                           f"tolerance {cfg.tolerance:g}; speculative output would not match plain decoding (report it)")
+    if int8:  # chains may be exact where trees are not (see the quant block)
+        return dataclasses.replace(entry, parity=rep, verify_drift=drift,
+                                   # fused without the pad: T = 1 rows take another kernel, whatever
+                                   # one measurement shows (a small model may not cascade)
+                                   speculative=chain <= cfg.tolerance and (cfg.pad_decode or cfg.attention != "fused"),
+                                   exact_trees=tree <= cfg.tolerance)
     return dataclasses.replace(entry, parity=rep, verify_drift=drift)
 
 
@@ -355,15 +370,25 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
     if draft is not None:
         entries["draft"] = _export_and_check(cfg, root, draft, timings, log, bars)
     if cfg.target_quant:  # after the drafts: a self:int4/int8 draft is cut from the float32 target graph
-        # float32 activations (level 1) keep speculation lossless; int8 (level 4) quantises each row's activations
-        # and one float rounding difference between a verify and a decode call flips a quantisation step that
-        # cascades (SmolLM2 int4: rows after the first of a verify call moved by 0.5-1.3 logits)
+        # float32 activations (level 1) keep speculation lossless. int8 (level 4) quantises each row's activations,
+        # so float32 rounding differences cascade: GroupQueryAttention's T = 1 kernel sums in another order than
+        # its T >= 2 one (SmolLM2 int4: verify rows 0.3-0.9 logits from 1-token decode calls). --pad-decode gives
+        # every 1-token call a pad token; then a chain's verify rows are bit-identical to decode rows and chain
+        # drafts stay lossless. A tree's are not (softmax sums a branch's keys in other vector lanes than
+        # decoding does; ~0.6 logits on SmolLM2), so the tree drafter is refused. The drift check decides
+        # (`_check`): a chain beyond the tolerance marks the target plain-only.
         fp32, int8 = entries["target"], cfg.target_activations == "int8"
         q = _export_and_check(cfg, root, dataclasses.replace(
             target, kind=cfg.target_quant, source={**fp32.source, "quantised": cfg.target_quant}, quant_of="target",
             graph_file=f"target.{cfg.target_quant}.onnx", accuracy_level=4 if int8 else 1), timings, log, bars)
         entries["target"] = dataclasses.replace(q, float32_graph_parity=fp32.parity, activations=cfg.target_activations,
-                                                speculative=not int8)
+                                                speculative=not int8 or q.speculative)
+        if not entries["target"].speculative and "draft" in entries:
+            raise ParityError(f"target: with int8 activations a verify call scores tokens differently from plain "
+                              f"decoding by {q.verify_drift:.3g} > tolerance {cfg.tolerance:g}, so the bundle "
+                              "decodes plainly only: build it with --draft none, or --target-activations float32")
+        if entries["target"].speculative and not entries["target"].exact_trees:
+            log("  (a chain's verify rows score exactly as decoding, a tree's do not: drafts are chains, no recycle)")
         (root / "target.onnx").unlink()
         (root / "target.onnx.data").unlink()
     if cfg.engine:

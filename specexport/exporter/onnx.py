@@ -179,8 +179,11 @@ def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:
 
     model = onnx.load(str(src))
     fold_weight_transposes(model)
+    # the rotary's rotate_half matrix (g.rot, a signed permutation) stays a float MatMul: exact, where int8
+    # activations would round q and k before rotating them
+    rot = [n.name for n in model.graph.node if n.op_type == "MatMul" and "g.rot" in n.input]
     q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True,
-                             accuracy_level=accuracy_level)
+                             accuracy_level=accuracy_level, nodes_to_exclude=rot)
     q.process()
     onnx.save_model(q.model.model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)

@@ -98,10 +98,9 @@ class Pipeline:
                              f"speculation would not be lossless; use draft='none', or {fix}")
         if draft == "recycle" and not getattr(self.target, "exact_trees", True):
             raise ValueError(f"this target computes with {self.target.numerics}: a tree's verify call sums a "
-                             "branch's keys in other cache slots than decoding does, which it rounds differently "
-                             "(1 of 13 Spec-Bench answers differed on SmolLM2), so draft='recycle' would not be "
-                             "lossless; use draft='ngram' (a chain scores exactly as decoding does) or 'none', "
-                             f"or {self.target.plain_only_fix}")
+                             "branch's keys in other places than decoding does, which it rounds differently, so "
+                             "draft='recycle' would not be lossless; use draft='ngram' (a chain scores exactly as "
+                             f"decoding does), 'model' or 'none', or {self.target.plain_only_fix}")
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"

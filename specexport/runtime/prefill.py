@@ -66,13 +66,19 @@ def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, flo
 
 
 def verify_drift(model: Backend, seed: int = 0) -> float:
+    """The larger of `verify_drifts`: how far a verify call, chain or tree, scores tokens from decoding."""
+    return max(verify_drifts(model, seed))
+
+
+def verify_drifts(model: Backend, seed: int = 0) -> tuple[float, float]:
     """Largest |logit difference| between scoring tokens in one verify call (the largest verify profile) and
-    scoring them one decode call at a time, same tokens and cache: for a chain of T tokens, and for a tree of
+    scoring them one decode call at a time, same tokens and cache -> (for a chain of T tokens, for a tree of
     two branches from one root whose second branch is decoded as root, then its nodes (in the call they sit
-    after the first branch's). Small (float32 rounding: a row sums its keys in another order than a decode
+    after the first branch's)). Small (float32 rounding: a row sums its keys in another order than a decode
     call would) or zero for float32 math; large when the math rounds each partial sum (quantised
     activations, or bfloat16 with the new tokens' keys summed apart from the cache's), where one flip
-    cascades."""
+    cascades. A chain's rows can be bit-identical to decoding where a tree's are not: a branch's keys sit at
+    other offsets of the call than once committed, and vectorised sums (softmax's) group them differently."""
     V = model.entry.arch["vocab_size"]
     T = max(model.entry.profiles[f"verify_{k}"] for k in model.entry.verify_ks())
     n_past = max(1, min(model.capacity - T, model.entry.profiles.get("prefill", 1) + 3))
@@ -84,8 +90,9 @@ def verify_drift(model: Backend, seed: int = 0) -> float:
         j = parent[i]
         while j >= 0:
             mask[i, j], j = True, parent[j]
-    worst = 0.0
+    drifts = []
     for new_mask, path in ((None, list(range(T))), (mask, [0] + list(range(h, T)))):
+        worst = 0.0
         cache = model.new_cache()
         feed(model, cache, ids[:n_past])
         pos = None if new_mask is None else n_past + mask.sum(1) - 1  # a node's position: its depth
@@ -95,4 +102,5 @@ def verify_drift(model: Backend, seed: int = 0) -> float:
             out = model.step(cache, [ids[n_past + i]], n_past + d)
             cache.commit(out.new_kv, [0])
             worst = max(worst, float(np.abs(together[i] - out.logits[0]).max()))
-    return worst
+        drifts.append(worst)
+    return drifts[0], drifts[1]
