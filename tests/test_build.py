@@ -1,4 +1,5 @@
 """Build outputs and every refusal: a clear error, and nothing half-written left behind."""
+import contextlib
 import json
 import time
 
@@ -365,6 +366,17 @@ def test_pad_decode_makes_int8_activation_chains_exact(ckpts, tmp_path):
             assert g.token_ids == plain.token_ids, (prompt, draft)
             accepted += g.stats.accepted
     assert accepted > 0  # drafts were accepted, so verify rows did stand in for decode calls
+    # the engine pads a lone row's 1-token call too: a request alone on it is its solo run
+    pipe.start_engine(max_batch=2, warm=False)
+    try:
+        for draft in ("none", "ngram"):
+            c = pipe.submit("one two three one two three one two", max_new_tokens=30, draft=draft, k=4)
+            assert c.wait().token_ids == pipe.generate("one two three one two three one two", max_new_tokens=30,
+                                                       draft="none").token_ids
+    finally:
+        pipe.close()
+    with pytest.raises(ValueError, match="recycle") if not m.target.exact_trees else contextlib.nullcontext():
+        pipe.generate("hello world", max_new_tokens=8, draft="recycle")
 
 
 def test_short_name_resolves_from_local_hf_cache(ckpts, tmp_path, monkeypatch):
