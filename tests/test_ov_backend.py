@@ -57,8 +57,8 @@ def test_slots_graph_same_tokens(bundle_slots, bundle_noisy):
 def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
     """bfloat16 is another model (its plain decoding is the reference, as for int4); on a slots graph a
     verify call scores a chain exactly as decode calls do, so chain drafts (a draft model, prompt lookup),
-    solo or batched, give the plain tokens; trees (recycle) are refused: their branches sit in other slots
-    than decoding puts them, which bfloat16 rounds apart."""
+    solo or batched, give the plain tokens; trees are not drafted: their branches sit in other slots than
+    decoding puts them, which bfloat16 rounds apart, so recycle drafts its tree's best path, a chain."""
     pipe = specexport.load(bundle_slots, backend="openvino-bf16")
     e = pipe.target.entry
     assert e.verify_drift == 0.0 and e.speculative
@@ -66,23 +66,25 @@ def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
     for p, want in zip(PROMPTS, plain):
         for draft, k in DRAFTS[:3]:
             assert pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)
-    with pytest.raises(ValueError, match="draft='recycle' would not be lossless"):
-        pipe.generate(PROMPTS[0], max_new_tokens=8, draft="recycle")
+    assert pipe._recycler(pipe.config(draft="recycle"))().chain  # a chain where trees are not exact
+    for p, want in zip(PROMPTS, plain):
+        assert pipe.generate(p, max_new_tokens=30, draft="recycle").token_ids == want, p
     assert pipe.config().draft == "model"  # the bundle's separate draft model, a chain
-    assert pipe._free_draft() == "ngram"  # what the engine runs by default here
-    for draft in (None, "none", "ngram"):  # the engine: rows at different lengths, B > 1 verify calls
+    assert pipe._free_draft() == "recycle"  # what the engine runs by default here: as a chain
+    for draft in (None, "none", "ngram", "recycle"):  # the engine: rows at different lengths, B > 1 verify calls
         got = pipe.generate_batch(PROMPTS, max_new_tokens=30, draft=draft)
         assert [g.token_ids for g in got] == plain, draft
 
 
 def test_generate_cli_backend(bundle_slots, bundle_noisy, capsys):
-    """`specexport generate --backend`: the same refusals, as a usage error that names the fix."""
+    """`specexport generate --backend`: drafts run on bfloat16, a graph OpenVINO cannot speculate on is refused
+    as a usage error that names the fix."""
     assert main(["generate", str(bundle_slots), "--backend", "openvino-bf16", "--prompt", "hi", "--max-new-tokens",
                  "6", "--draft", "ngram", "--json"]) == 0
     assert '"finish_reason"' in capsys.readouterr().out
-    assert main(["generate", str(bundle_slots), "--backend", "openvino-bf16", "--prompt", "hi", "--draft",
-                 "recycle"]) == 2
-    assert "use draft='ngram'" in capsys.readouterr().err
+    assert main(["generate", str(bundle_slots), "--backend", "openvino-bf16", "--prompt", "hi", "--max-new-tokens",
+                 "6", "--draft", "recycle", "--json"]) == 0  # recycle drafts a chain there
+    assert '"finish_reason"' in capsys.readouterr().out
     assert main(["generate", str(bundle_noisy), "--backend", "openvino", "--prompt", "hi"]) == 2
     assert "rebuild with --attention slots" in capsys.readouterr().err
 

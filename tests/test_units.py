@@ -188,6 +188,32 @@ def test_successor_table_keeps_top_w_in_order_longest_context_first():
     assert tab.candidates((3,)) == []
 
 
+def test_recycle_chain_is_the_trees_best_path():
+    """chain=True (targets where only a chain's verify rows are exact): the draft is a path from the root,
+    each node the highest-scored child of the one before in the tree the same drafter would build, with the
+    node's contexts and candidate lists kept (the drafter learns from them after the call)."""
+    from specexport.runtime.drafters import RecycleDrafter, SuccessorTable
+
+    rng = np.random.default_rng(0)
+    tab = SuccessorTable(vocab=50, width=4)
+    seq = rng.integers(0, 50, 400).tolist()
+    for i in range(3, len(seq)):
+        tab.observe([tuple(seq[i - 3:i])], rng.normal(size=(1, 50)).astype(np.float32))
+    tokens = seq[:200] + seq[100:120]  # a repeat, so prompt lookup proposes too
+    tree = RecycleDrafter(tab).draft(tokens, 32, 8)
+    for nodes in (1, 4, 8):
+        chain = RecycleDrafter(tab, chain=True).draft(tokens, nodes, 8)
+        assert 2 <= len(chain) <= nodes + 1 and chain.parent == list(range(-1, len(chain) - 1))
+        assert chain.depth == list(range(len(chain)))
+        i = 0  # walk the full tree by best child: the chain's tokens, scores and contexts
+        for j in range(1, len(chain)):
+            kids = [c for c in range(len(tree)) if tree.parent[c] == i]
+            i = max(kids, key=lambda c: tree.score[c])
+            assert (chain.tokens[j], chain.score[j], chain.ctx[j]) == (tree.tokens[i], tree.score[i], tree.ctx[i])
+            assert chain.cands[j] == tree.cands[i]
+        assert all(a >= b for a, b in zip(chain.score, chain.score[1:]))
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
     from specexport.runtime.drafters import NgramDrafter
 

@@ -96,11 +96,6 @@ class Pipeline:
             raise ValueError(f"this target computes with {why}: a verify call scores tokens differently from "
                              f"plain decoding (max |dlogit| {float('nan') if drift is None else drift:.2g}), so "
                              f"speculation would not be lossless; use draft='none', or {fix}")
-        if draft == "recycle" and not getattr(self.target, "exact_trees", True):
-            raise ValueError(f"this target computes with {self.target.numerics}: a tree's verify call sums a "
-                             "branch's keys in other places than decoding does, which it rounds differently, so "
-                             "draft='recycle' would not be lossless; use draft='ngram' (a chain scores exactly as "
-                             f"decoding does), 'model' or 'none', or {self.target.plain_only_fix}")
         if draft == "model" and self.draft is None:
             raise ValueError("this bundle has no draft model: use draft='ngram' or 'none', or rebuild with --draft")
         adaptive = k == "auto"
@@ -115,11 +110,14 @@ class Pipeline:
                             adaptive=adaptive)
 
     def _free_draft(self) -> str:
-        """The default model-free draft: recycle (a tree), or prompt lookup (a chain) on a target whose tree
-        verify rows do not score exactly as its decode rows, or none on a target that cannot speculate."""
-        if not self.target.entry.speculative:
-            return "none"
-        return "recycle" if getattr(self.target, "exact_trees", True) else "ngram"
+        """The default model-free draft: recycle, or none on a target that cannot speculate."""
+        return "recycle" if self.target.entry.speculative else "none"
+
+    def _recycler(self, cfg: DecodeConfig):
+        """A factory of the recycle drafter: a tree, or its best path where only a chain's verify rows score
+        exactly as decode rows (the target's `exact_trees`: int8 activations, OpenVINO in bfloat16)."""
+        chain = not getattr(self.target, "exact_trees", True)
+        return lambda: RecycleDrafter(self.successors, cfg.ngram, chain=chain)
 
     def _check_fits(self, ids: list[int], cfg: DecodeConfig) -> None:
         S = self.manifest.capacity
@@ -142,7 +140,7 @@ class Pipeline:
         self._check_fits(ids, cfg)
         drafter = {"model": lambda: ModelDrafter(self.draft, shares_cache(self.target, self.draft)),
                    "ngram": lambda: NgramDrafter(cfg.ngram),
-                   "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram), "none": lambda: None}[cfg.draft]()
+                   "recycle": self._recycler(cfg), "none": lambda: None}[cfg.draft]()
         ts = TextStream(self.tokenizer, self.eos, tuple(stop), cfg.max_new_tokens, g)
         steps = generate(self.target, drafter, ids, cfg, g.stats)
         for new in steps:
@@ -203,7 +201,7 @@ class Pipeline:
         ids, stop, cfg = c.request
         g = c.generation
         g.stats.prompt_tokens = len(ids)
-        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": lambda: RecycleDrafter(self.successors, cfg.ngram),
+        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg),
                    "none": lambda: None}[cfg.draft]()
         return Sequence(c, list(ids), cfg, TextStream(self.tokenizer, self.eos, stop, cfg.max_new_tokens, g),
                         drafter=drafter, pick=Picker(cfg.sampling))

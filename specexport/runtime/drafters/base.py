@@ -63,6 +63,13 @@ class Tree:
             mask[i] |= mask[self.parent[i]]
         return ids, pos, mask[None]
 
+    def path(self, nodes: list[int]) -> "Tree":
+        """The tree cut to `nodes`, a path from the root (each node the parent of the next): a chain whose
+        nodes keep their tokens, scores, contexts and candidate lists."""
+        return Tree([self.tokens[i] for i in nodes], list(range(-1, len(nodes) - 1)), list(range(len(nodes))),
+                    [self.score[i] for i in nodes], [self.ctx[i] for i in nodes],
+                    [self.cands[i] if i < len(self.cands) else [] for i in nodes])
+
     @staticmethod
     def root(tokens: list[int]) -> "Tree":
         """Just the last committed token: a plain decode step."""
