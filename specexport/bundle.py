@@ -669,8 +669,8 @@ def describe(m: Manifest, root: Path | None = None) -> str:
                          f"top-1 {p['top1']:.2f}")
         if e.verify_drift is not None:
             plain_only = (f" ({e.activations} activations: plain decoding only)" if not e.speculative else
-                          f" ({e.activations} activations: chain drafts exact, tree drafts refused)"
-                          if not e.exact_trees else "")
+                          f" ({e.activations} activations{', 1-token calls padded' if e.pad_decode else ''}: chains "
+                          "verify exactly, trees do not, so recycle drafts chains)" if not e.exact_trees else "")
             lines.append(f"  verify vs decode max|dlogit| {e.verify_drift:.2e}{plain_only}")
         if e.mixed:
             lines.append(f"  mixed graph {e.mixed['graph']}: a batch + {e.mixed['groups']} group(s) per call, "

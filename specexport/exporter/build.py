@@ -375,7 +375,7 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
         # its T >= 2 one (SmolLM2 int4: verify rows 0.3-0.9 logits from 1-token decode calls). --pad-decode gives
         # every 1-token call a pad token; then a chain's verify rows are bit-identical to decode rows and chain
         # drafts stay lossless. A tree's are not (softmax sums a branch's keys in other vector lanes than
-        # decoding does; ~0.6 logits on SmolLM2), so the tree drafter is refused. The drift check decides
+        # decoding does; ~0.6 logits on SmolLM2), so recycle drafts its best path only. The drift check decides
         # (`_check`): a chain beyond the tolerance marks the target plain-only.
         fp32, int8 = entries["target"], cfg.target_activations == "int8"
         q = _export_and_check(cfg, root, dataclasses.replace(
@@ -388,7 +388,7 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
                               f"decoding by {q.verify_drift:.3g} > tolerance {cfg.tolerance:g}, so the bundle "
                               "decodes plainly only: build it with --draft none, or --target-activations float32")
         if entries["target"].speculative and not entries["target"].exact_trees:
-            log("  (a chain's verify rows score exactly as decoding, a tree's do not: drafts are chains, no recycle)")
+            log("  (a chain's verify rows score exactly as decoding, a tree's do not: recycle drafts chains)")
         (root / "target.onnx").unlink()
         (root / "target.onnx.data").unlink()
     if cfg.engine:
