@@ -34,7 +34,8 @@ class OrtBackend(BackendBase):
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
         self.exact_trees = entry.exact_trees  # False: the pipeline refuses tree drafts (recycle)
         self.numerics = f"{entry.activations or 'float32'} activations"
-        self.plain_only_fix = "rebuild with --target-activations float32"
+        self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
+                               "--target-activations float32")
         self.root, self._mixed = root, None
         self.fixed_pool = self.fused  # GroupQueryAttention reads each row's n slots whatever S is
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
