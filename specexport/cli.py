@@ -144,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
                    "or int8 (MatMulNBits accuracy level 4: faster plain decoding, but a verify call scores tokens "
                    "differently from a decode call, so the bundle allows --draft none only, unless --pad-decode)")
     b.add_argument("--pad-decode", action="store_true",
-                   help="with --target-activations int8: run each 1-token call with a pad token after it (~10%% "
+                   help="with --target-activations int8: run each 1-token call with a pad token after it (5-20%% "
                    "more per decode call), so that a verify call scores a chain of drafted tokens exactly as plain "
                    "decoding does: prompt lookup and a draft model speculate losslessly (tree drafts stay refused). "
                    "The batching engine's calls of several rows cannot carry the pad: batched output is not "
