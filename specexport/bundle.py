@@ -88,8 +88,8 @@ class ModelEntry:
     # onnxruntime's GroupQueryAttention computes every row as it does in a verify call (an int8-activation
     # target built with --pad-decode: its verify rows then score exactly as its decode rows)
     pad_decode: bool = False
-    # False where only a chain's verify rows score exactly as decode rows (int8 activations): tree drafts
-    # (recycle) are refused, chains (prompt lookup, a draft model) stay lossless
+    # False where only a chain's verify rows score exactly as decode rows (int8 activations): recycle drafts
+    # its tree's best path, and chains (prompt lookup, a draft model, that path) stay lossless
     exact_trees: bool = True
 
     @staticmethod

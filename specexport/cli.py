@@ -146,7 +146,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--pad-decode", action="store_true",
                    help="with --target-activations int8: run each 1-token call with a pad token after it (5-20%% "
                    "more per decode call), so that a verify call scores a chain of drafted tokens exactly as plain "
-                   "decoding does: prompt lookup and a draft model speculate losslessly (tree drafts stay refused). "
+                   "decoding does: prompt lookup and a draft model speculate losslessly (recycle drafts its best path, a chain). "
                    "The batching engine's calls of several rows cannot carry the pad: batched output is not "
                    "token-identical to a solo run on such a target")
     b.add_argument("--attention", choices=["fused", "portable", "slots"], default=None,

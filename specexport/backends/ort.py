@@ -32,7 +32,7 @@ class OrtBackend(BackendBase):
                                             providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
-        self.exact_trees = entry.exact_trees  # False: the pipeline refuses tree drafts (recycle)
+        self.exact_trees = entry.exact_trees  # False: recycle drafts its best path, a chain
         self.numerics = f"{entry.activations or 'float32'} activations"
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")

@@ -80,7 +80,7 @@ class BuildConfig:
     force: bool = False
     target_quant: Quant | None = None  # ship a weight-only quantised target (output exact w.r.t. it)
     # how the quantised target computes (onnxruntime accuracy level 1 or 4); int8 is faster but a verify call
-    # scores a token differently from a decode call, so such a bundle decodes plainly only
+    # scores a token differently from a decode call, so such a bundle decodes plainly only (unless pad_decode)
     target_activations: Activations = "float32"
     pad_decode: bool = False  # int8 activations: 1-token calls get a pad token, so chain drafts verify exactly
     engine: Engine | None = None  # also build TensorRT engines (needs TensorRT and a GPU here)
