@@ -128,6 +128,8 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d["models"]["target"]["notes"].update(verify_drift="0"), "models.target.notes.verify_drift"),
     (lambda d: d["models"]["target"]["notes"].update(speculative=0), "models.target.notes.speculative"),
     (lambda d: d["models"]["target"]["notes"].update(activations="int4"), "models.target.notes.activations"),
+    (lambda d: d["models"]["target"]["notes"].update(pad_decode=1), "models.target.notes.pad_decode"),
+    (lambda d: d["models"]["target"]["notes"].update(exact_trees="no"), "models.target.notes.exact_trees"),
     (lambda d: d["models"]["target"]["notes"].update(float32_graph_parity={"decode": {"T": 1}}),
      "models.target.notes.float32_graph_parity.decode.S is missing"),
     (lambda d: d["models"]["target"]["notes"].update(drift=1.0), "models.target.notes has unknown field 'drift'"),
@@ -160,8 +162,15 @@ def test_notes_are_typed_fields_and_round_trip(copy):
     edit(copy, lambda d: d["models"]["target"].update(notes=notes))
     t = bundle.read(copy).target
     assert (t.verify_drift, t.speculative, t.activations, t.float32_graph_parity) == (0.5, False, "int8", report)
+    assert (t.pad_decode, t.exact_trees) == (False, True)  # absent: a bundle from before --pad-decode
     assert json.loads(bundle.read(copy).to_json())["models"]["target"]["notes"] == notes
     assert "(int8 activations: plain decoding only)" in bundle.describe(bundle.read(copy))
+    padded = {**notes, "speculative": True, "pad_decode": True, "exact_trees": False}
+    edit(copy, lambda d: d["models"]["target"].update(notes={k: v for k, v in padded.items() if k != "speculative"}))
+    t = bundle.read(copy).target
+    assert (t.speculative, t.pad_decode, t.exact_trees) == (True, True, False)
+    assert "1-token calls padded: chains verify exactly" in bundle.describe(bundle.read(copy))
+    edit(copy, lambda d: d["models"]["target"].update(notes=notes))
     edit(copy, lambda d: d["models"]["target"].pop("notes"))  # absent: every default
     t = bundle.read(copy).target
     assert (t.verify_drift, t.speculative, t.activations, t.float32_graph_parity) == (None, True, None, None)
