@@ -335,7 +335,7 @@ def test_int8_activations_target_decodes_plainly(ckpts, tmp_path, capsys):
         BuildConfig(target="x", out=tmp_path / "z", draft=DraftSpec("int8"), target_quant="int8")
 
 
-def test_pad_decode_makes_int8_activation_chains_exact(ckpts, tmp_path):
+def test_pad_decode_makes_int8_activation_chains_exact(ckpts, tmp_path, monkeypatch):
     """--pad-decode: every 1-token call runs with a pad token, so a verify call scores a chain exactly as one
     decode call per token does (0.0, where the same graph without the pad differs by rounding that cascades
     on a real model, tests/test_smollm2.py), and speculation with chain drafts is token-identical to plain
@@ -374,6 +374,16 @@ def test_pad_decode_makes_int8_activation_chains_exact(ckpts, tmp_path):
                                                        draft="none").token_ids
     finally:
         pipe.close()
+    # at load the chain is measured again on this onnxruntime; were the pad to stop making it exact (here: the
+    # pad taken away, against a tolerance below this small model's 5e-7 unpadded drift) drafts are refused
+    import specexport.backends.ort as sx_ort
+
+    strict = dataclasses.replace(m.target, parity_tolerance=1e-9)
+    assert OrtBackend(out, strict, m.buckets).entry.speculative
+    monkeypatch.setattr(sx_ort, "pad_decode", lambda ids, positions, rows: (ids, positions, None, rows, lambda o: o))
+    unpadded = OrtBackend(out, strict, m.buckets).entry
+    assert not unpadded.speculative and unpadded.verify_drift > 0
+    monkeypatch.undo()
     # where only chains are exact, recycle drafts its tree's best path (on this small model trees are exact too)
     assert pipe._recycler(pipe.config(draft="recycle"))().chain is (not m.target.exact_trees)
     chained = specexport.load(out)

@@ -7,6 +7,7 @@ generations.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 import time
@@ -42,6 +43,20 @@ class OrtBackend(BackendBase):
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
         if entry.attention not in ("fused", "portable", "slots"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
+        if entry.pad_decode and entry.speculative and entry.verify_drift is not None and entry.verify_ks():
+            self._check_chains()
+
+    def _check_chains(self) -> None:
+        """A built --pad-decode target: measure again, on this onnxruntime, that a chain's verify rows score as
+        its padded decode calls do (the build did on its own; another onnxruntime's kernels may not), and beyond
+        the tolerance load it plain-only, so drafts are refused with the number (~0.3 s for SmolLM2)."""
+        from ..runtime.prefill import verify_drifts
+
+        e, tol = self.entry, self.entry.parity_tolerance or 1e-3
+        chain, tree = verify_drifts(self)
+        self.entry = dataclasses.replace(e, verify_drift=max(chain, tree), speculative=chain <= tol,
+                                         exact_trees=e.exact_trees and tree <= tol)
+        self.exact_trees = self.entry.exact_trees
 
     def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
              positions: np.ndarray | None = None, rows: list | None = None) -> StepOut:
