@@ -33,7 +33,6 @@ class OrtBackend(BackendBase):
                                             providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
-        self.exact_trees = entry.exact_trees  # False: recycle drafts its best path, a chain
         self.numerics = f"{entry.activations or 'float32'} activations"
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")
@@ -56,7 +55,12 @@ class OrtBackend(BackendBase):
         chain, tree = verify_drifts(self)
         self.entry = dataclasses.replace(e, verify_drift=max(chain, tree), speculative=chain <= tol,
                                          exact_trees=e.exact_trees and tree <= tol)
-        self.exact_trees = self.entry.exact_trees
+
+    @property
+    def exact_trees(self) -> bool:
+        """False: a tree's verify rows do not score as decode rows (the manifest's note, as measured at load), so
+        recycle drafts its best path, a chain."""
+        return self.entry.exact_trees
 
     def step(self, cache: RingKV, ids, start: int, new_mask: np.ndarray | None = None,
              positions: np.ndarray | None = None, rows: list | None = None) -> StepOut:

@@ -381,8 +381,7 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
         q = _export_and_check(cfg, root, dataclasses.replace(
             target, kind=cfg.target_quant, source={**fp32.source, "quantised": cfg.target_quant}, quant_of="target",
             graph_file=f"target.{cfg.target_quant}.onnx", accuracy_level=4 if int8 else 1), timings, log, bars)
-        entries["target"] = dataclasses.replace(q, float32_graph_parity=fp32.parity, activations=cfg.target_activations,
-                                                speculative=not int8 or q.speculative)
+        entries["target"] = dataclasses.replace(q, float32_graph_parity=fp32.parity, activations=cfg.target_activations)
         if not entries["target"].speculative and "draft" in entries:
             raise ParityError(f"target: with int8 activations a verify call scores tokens differently from plain "
                               f"decoding by {q.verify_drift:.3g} > tolerance {cfg.tolerance:g}, so the bundle "
