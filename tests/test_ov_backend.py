@@ -76,6 +76,36 @@ def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
         assert [g.token_ids for g in got] == plain, draft
 
 
+def test_openvino_int4_is_its_own_target_and_speculates_on_chains(bundle_slots):
+    """backend openvino-int4 quantises the float32 graph's weights at load (int4 projections, an int8 LM
+    head): another model than float32 (its logits move), whose plain decoding is the reference. Its verify
+    rows are measured at load: a chain scores exactly as decode calls (activations are quantised per row),
+    so chain drafts give the plain tokens, solo and batched; a tree is drafted only if the check found
+    trees exact too, else recycle drafts its best path."""
+    import numpy as np
+
+    from specexport.runtime.prefill import verify_drifts
+
+    f32 = specexport.load(bundle_slots, backend="openvino")
+    pipe = specexport.load(bundle_slots, backend="openvino-int4")
+    m = pipe.target
+    L = m.entry.arch["num_layers"]
+    assert m.compressed == 4 * L + 1  # qkv, o, gate/up, down per layer and the LM head; not the rotary
+    ids = [5, 9, 2, 7, 1]
+    a, b = (x.target.step(x.target.new_cache(), ids, 0).logits for x in (f32, pipe))
+    assert 1e-3 < np.abs(a - b).max() < 0.5 * np.abs(a).max()  # quantised, not broken
+    chain, tree = verify_drifts(m)
+    assert chain == 0.0 and m.entry.speculative
+    assert m.exact_trees == (tree <= m.entry.parity_tolerance)
+    plain = [pipe.generate(p, max_new_tokens=30, draft="none").token_ids for p in PROMPTS]
+    for p, want in zip(PROMPTS, plain):
+        for draft, k in DRAFTS[1:]:
+            assert pipe.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)
+    for draft in ("ngram", "recycle"):  # the engine: rows at different lengths, B > 1 verify calls
+        got = pipe.generate_batch(PROMPTS, max_new_tokens=30, draft=draft)
+        assert [g.token_ids for g in got] == plain, draft
+
+
 def test_generate_cli_backend(bundle_slots, bundle_noisy, capsys):
     """`specexport generate --backend`: drafts run on bfloat16, a graph OpenVINO cannot speculate on is refused
     as a usage error that names the fix."""
@@ -92,9 +122,11 @@ def test_generate_cli_backend(bundle_slots, bundle_noisy, capsys):
 def test_openvino_bf16_portable_measured_at_load(bundle_portable):
     """On a portable graph bfloat16 rounds [cache; new] attention's two halves apart: speculation is allowed
     only if the measured verify-vs-decode drift is within the tolerance, else refused with it."""
+    from specexport.runtime.prefill import verify_drifts
+
     pipe = specexport.load(bundle_portable, backend="openvino-bf16")
     e = pipe.target.entry
-    assert e.verify_drift is not None and e.speculative == (e.verify_drift <= e.parity_tolerance)
+    assert e.verify_drift is not None and e.speculative == (verify_drifts(pipe.target)[0] <= e.parity_tolerance)
     plain = pipe.generate(PROMPTS[0], max_new_tokens=30, draft="none").token_ids
     if not e.speculative:
         with pytest.raises(ValueError, match="bfloat16 math"):

@@ -7,7 +7,6 @@ generations.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 import time
@@ -43,18 +42,12 @@ class OrtBackend(BackendBase):
         if entry.attention not in ("fused", "portable", "slots"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
         if entry.pad_decode and entry.speculative and entry.verify_drift is not None and entry.verify_ks():
-            self._check_chains()
+            # a built --pad-decode target: measure again, on this onnxruntime, that a chain's verify rows score
+            # as its padded decode calls do (the build did on its own; another onnxruntime's kernels may not):
+            # beyond the tolerance it loads plain-only (~0.3 s for SmolLM2)
+            from ..runtime.prefill import measured_entry
 
-    def _check_chains(self) -> None:
-        """A built --pad-decode target: measure again, on this onnxruntime, that a chain's verify rows score as
-        its padded decode calls do (the build did on its own; another onnxruntime's kernels may not), and beyond
-        the tolerance load it plain-only, so drafts are refused with the number (~0.3 s for SmolLM2)."""
-        from ..runtime.prefill import verify_drifts
-
-        e, tol = self.entry, self.entry.parity_tolerance or 1e-3
-        chain, tree = verify_drifts(self)
-        self.entry = dataclasses.replace(e, verify_drift=max(chain, tree), speculative=chain <= tol,
-                                         exact_trees=e.exact_trees and tree <= tol)
+            self.entry = measured_entry(self)
 
     @property
     def exact_trees(self) -> bool:

@@ -1,21 +1,24 @@
-"""The OpenVINO backend (CPU): a bundle's standard-op graph on OpenVINO's CPU plugin, float32 or bfloat16.
+"""The OpenVINO backend (CPU): a bundle's standard-op graph on OpenVINO's CPU plugin, float32, bfloat16, or
+float32 with int4 weights.
 
 OpenVINO reads the bundle's ONNX graph itself (`--attention slots` or `portable`; the fused graph's
 GroupQueryAttention is onnxruntime's own) and compiles it for the CPU it runs on: AVX-512 and AMX kernels where
-they exist, and with precision "bf16" every MatMul in bfloat16 (weights converted once at load, activations per
-call, float32 accumulation), half the bytes a decode step reads. The cache stays a float32 RingKV / KVPool that
-the caller owns, passed by reference (no copy) as the graph's past inputs, exactly as for onnxruntime's portable
-graph, so rollback and the engine work unchanged.
+they exist. Precision "bf16": every MatMul in bfloat16 (weights converted once at load, activations per call,
+float32 accumulation), half the bytes a decode step reads. Precision "int4": the weights are quantised at load
+(`compress_weights`: int4 projections, an int8 LM head), and the plugin runs those MatMuls on int8 kernels with
+the activations quantised per row. The cache stays a float32 RingKV / KVPool that the caller owns, passed by
+reference (no copy) as the graph's past inputs, exactly as for onnxruntime's portable graph, so rollback and
+the engine work unchanged.
 
-Losslessness: a bfloat16 model is its own target (plain decoding on this backend is the reference, as for the
-int4 modes). Speculation is lossless only if a verify call scores tokens as decode calls do: at load the
-backend measures that (`verify_drift`, the build's check) and, beyond the bundle's parity tolerance, marks the
-target plain-only (`entry.speculative` False), so drafters are refused with the number. On a slots graph a
-bfloat16 chain scores exactly as decoding (drift 0); a tree does not always, so bfloat16 drafts are chains.
+Losslessness: a bfloat16 or int4 model is its own target (plain decoding on this backend is the reference, as
+for the int4 bundles). Speculation is lossless only if a verify call scores tokens as decode calls do: at load
+the backend measures that (`prefill.measured_entry`, the build's check, a chain and a tree) and, beyond the
+bundle's parity tolerance, marks the target plain-only (a chain drifts) or chain-only (a tree drifts). On a
+slots graph bfloat16 and int4 chains score exactly as decoding (drift 0); trees do not, so their drafts are
+chains.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -27,11 +30,57 @@ from ..errors import OptionError
 from ..runtime.kv import KVPool, RingKV
 from .base import BackendBase, StepOut, batch_inputs, logit_rows, step_inputs
 
-PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16"}
+PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int4": "int4"}
+GROUP = 32  # int4 weights: one scale per 32 input channels, as OpenVINO GenAI's int4 models here (--group-size 32)
+
+
+def compress_weights(model, head_dim: int, vocab: int, group: int = GROUP) -> int:
+    """Quantise `model`'s weight MatMuls in place (an OpenVINO model read from a bundle's float32 graph):
+    int4 symmetric with one float16 scale per `group` input channels for every projection, int8 with one
+    scale per output channel for the LM head (NNCF keeps the last layer at 8 bits by default too). Written
+    as the weight-decompression pattern the CPU plugin folds into its FullyConnected node, Constant(i4) ->
+    Convert -> Multiply(scale) -> Reshape -> MatMul(transpose_b), which runs on int8 kernels (AMX / VNNI)
+    with the activations quantised per row on the fly (DYNAMIC_QUANTIZATION_GROUP_SIZE). The rotary's
+    [D,D] product stays float. Returns how many MatMuls it rewrote."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    done = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or op.get_attributes()["transpose_b"]:
+            continue
+        w = op.input_value(1).get_node()
+        if w.get_type_name() == "Transpose" and w.input_value(0).get_node().get_type_name() == "Constant":
+            wt = w.input_value(0).get_node().get_data()  # a tied LM head: the embedding [V, E], transposed
+        elif w.get_type_name() == "Constant":
+            wt = w.get_data().T
+        else:
+            continue
+        if wt.ndim != 2 or wt.shape == (head_dim, head_dim):
+            continue
+        wt = np.ascontiguousarray(wt, dtype=np.float32)  # [N, K]: the layout transpose_b reads
+        N, K = wt.shape
+        if N == vocab or K % group:  # the LM head: int8, one scale per output channel
+            s = (np.abs(wt).max(1, keepdims=True) / 127).astype(np.float16)
+            s[s == 0] = 1
+            q = np.clip(np.round(wt / s.astype(np.float32)), -127, 127).astype(np.int8)
+            dq = ops.multiply(ops.convert(ops.constant(q, dtype=ov.Type.i8), ov.Type.f16), ops.constant(s))
+        else:
+            g = wt.reshape(N, K // group, group)
+            s = (np.abs(g).max(2, keepdims=True) / 8).astype(np.float16)
+            s[s == 0] = 1
+            q = np.clip(np.round(g / s.astype(np.float32)), -8, 7).astype(np.int8)
+            dq = ops.multiply(ops.convert(ops.constant(q, dtype=ov.Type.i4), ov.Type.f16), ops.constant(s))
+            dq = ops.reshape(dq, ops.constant(np.array([N, K], dtype=np.int64)), False)
+        new = ops.matmul(op.input_value(0), ops.convert(dq, ov.Type.f32), False, True)
+        op.output(0).replace(new.output(0))
+        done += 1
+    return done
 
 
 class OvBackend(BackendBase):
-    """One model of a slots or portable bundle on OpenVINO's CPU plugin; `precision` "f32" or "bf16"."""
+    """One model of a slots or portable bundle on OpenVINO's CPU plugin; `precision` "f32", "bf16", or "int4"
+    (float32 math, weights quantised at load: compress_weights)."""
 
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, threads: int | None = None,
                  precision: str = "f32", batch_sizes: list | None = None):
@@ -46,10 +95,16 @@ class OvBackend(BackendBase):
                               "with --attention slots (bfloat16 verify rows then score as decode rows), or use "
                               "backend='onnxruntime'")
         threads = threads or int(os.environ.get("SPECEXPORT_THREADS", 0)) or (os.cpu_count() or 1)
-        props = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": str(threads),
-                 "PERFORMANCE_HINT": "LATENCY"}
+        props = {"INFERENCE_PRECISION_HINT": "f32" if precision == "int4" else precision,
+                 "INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY"}
         try:
-            self.compiled = ov.Core().compile_model(str(root / entry.graph), "CPU", props)
+            core = ov.Core()
+            model = core.read_model(str(root / entry.graph))
+            self.compressed = 0  # weight MatMuls quantised at load (precision "int4")
+            if precision == "int4":
+                a = entry.arch
+                self.compressed = compress_weights(model, a["head_dim"], a["vocab_size"])
+            self.compiled = core.compile_model(model, "CPU", props)
         except RuntimeError as e:  # OpenVINO's refusals of a graph are plain RuntimeErrors
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             raise BundleError(f"{entry.graph} (models.{entry.role}.graph) cannot be loaded by OpenVINO ({first}): "
@@ -61,20 +116,24 @@ class OvBackend(BackendBase):
             raise BundleError(f"{entry.graph} (models.{entry.role}.graph) lacks inputs/outputs its manifest entry "
                               f"declares ({sorted((want[0] - got[0]) | (want[1] - got[1]))[:4]}): rebuild the bundle")
         self.row_input = "logit_rows" in want[0]  # a slots graph computes the LM head of the rows asked for only
-        self.numerics = f"{'bfloat16' if precision == 'bf16' else 'float32'} math (OpenVINO)"
+        self.numerics = {"bf16": "bfloat16 math", "int4": "int4 weights"}.get(precision, "float32 math") + " (OpenVINO)"
         self.plain_only_fix = ("rebuild with --attention slots, or " if entry.attention == "portable" else "") + \
             "load it with backend='openvino' (float32)"
-        # bfloat16 rounds each partial sum: a tree node's attention over its ancestors in the call's slots
-        # (not contiguous, as they are once committed) can differ from its decode call even on a slots graph
-        # (measured: recycle on SmolLM2 differed on 1 of 13 Spec-Bench answers, prompt lookup on none), so
-        # drafts are chains only
-        self.exact_trees = precision != "bf16"
         if entry.role == "target" and entry.verify_ks():
-            from ..runtime.prefill import verify_drift
+            from ..runtime.prefill import measured_entry
 
-            drift = verify_drift(self)
-            ok = drift <= (entry.parity_tolerance or 1e-3)
-            self.entry = dataclasses.replace(entry, verify_drift=drift, speculative=entry.speculative and ok)
+            # bfloat16 rounds each partial sum: a tree node's attention over its ancestors in the call's slots
+            # (not contiguous, as they are once committed) can differ from its decode call even where the
+            # check's tree does not (measured: recycle on SmolLM2 differed on 1 of 13 Spec-Bench answers,
+            # prompt lookup on none), so bfloat16 drafts are chains whatever the check says; int4 weights
+            # (activations quantised per row) are measured: chains exact, trees 0.5 apart on SmolLM2
+            self.entry = measured_entry(self, trees=precision != "bf16")
+
+    @property
+    def exact_trees(self) -> bool:
+        """False: a tree's verify rows do not score as decode rows (measured at load), so recycle drafts its
+        best path, a chain."""
+        return self.entry.exact_trees
 
     def _request(self, scratch: dict, key, data, views):
         """An infer request with `views` (a cache's layer buffers) set as the past inputs, kept in the cache's

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..backends.ort import OrtBackend
-from ..runtime.prefill import feed, verify_drift, verify_drifts  # noqa: F401 -- the build's checks, shared with the runtime
+from ..runtime.prefill import feed, verify_drifts  # noqa: F401 -- the build's checks, shared with the runtime
 
 
 @contextlib.contextmanager

@@ -65,9 +65,17 @@ def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, flo
     return logits, spent
 
 
-def verify_drift(model: Backend, seed: int = 0) -> float:
-    """The larger of `verify_drifts`: how far a verify call, chain or tree, scores tokens from decoding."""
-    return max(verify_drifts(model, seed))
+def measured_entry(model: Backend, trees: bool = True):
+    """The model's manifest entry with its verify-vs-decode drift measured on the backend at hand
+    (`verify_drifts`): beyond the bundle's tolerance a chain drift loads the target plain-only (drafts are
+    refused with the number) and a tree drift makes it take chain drafts only (`exact_trees` False; also
+    when `trees` is False: numerics known to round a tree's rows apart on text the check does not cover)."""
+    import dataclasses
+
+    e, tol = model.entry, model.entry.parity_tolerance or 1e-3
+    chain, tree = verify_drifts(model)
+    return dataclasses.replace(e, verify_drift=max(chain, tree), speculative=e.speculative and chain <= tol,
+                               exact_trees=e.exact_trees and trees and tree <= tol)
 
 
 def verify_drifts(model: Backend, seed: int = 0) -> tuple[float, float]:

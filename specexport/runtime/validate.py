@@ -23,7 +23,7 @@ from ..errors import BundleError, OptionError
 from .decoder import DRAFTS
 from .sampling import SAMPLERS
 
-BACKENDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch", "openvino", "openvino-bf16")
+BACKENDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch", "openvino", "openvino-bf16", "openvino-int4")
 MAX_STOPS = 64
 MAX_TOKENIZER_BYTES = 1 << 30
 
