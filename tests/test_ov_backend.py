@@ -2,6 +2,8 @@
 bfloat16 is measured at load (a verify call against decode calls): on a `slots` graph its verify rows score
 exactly as its decode rows and every draft gives its plain tokens, solo and batched; on a `portable` graph it
 speculates only if that holds too, else refuses drafts with the number; a fused bundle is refused at load."""
+import sys
+
 import pytest
 
 import specexport
@@ -132,6 +134,36 @@ def test_openvino_bf16_portable_measured_at_load(bundle_portable):
         with pytest.raises(ValueError, match="bfloat16 math"):
             pipe.generate(PROMPTS[0], max_new_tokens=8, draft="recycle")
         assert pipe.generate(PROMPTS[0], max_new_tokens=30).token_ids == plain  # the default: plain
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaltstack is read through Linux's libc")
+def test_loading_keeps_the_threads_signal_stack(bundle_slots):
+    """OpenVINO's compile_model gives the calling thread an alternate signal stack of its own and may unmap it
+    later while the thread still points at it; Python's handlers run there, so a later SIGINT segfaulted
+    (this suite, run in another order). Loading must leave the thread's stack as it was, and a signal
+    afterwards is a KeyboardInterrupt."""
+    import ctypes
+    import os
+    import signal
+
+    from specexport.backends.ov import _Stack
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def stack():
+        s = _Stack()
+        assert libc.sigaltstack(None, ctypes.byref(s)) == 0
+        return s.sp, s.flags, s.size
+
+    before = stack()
+    for backend in ("openvino", "openvino-bf16"):
+        pipe = specexport.load(bundle_slots, backend=backend)
+        assert stack() == before, backend
+        pipe.generate(PROMPTS[0], max_new_tokens=4, draft="none")
+        del pipe
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.sigtimedwait([], 0.1)  # a bytecode boundary for the handler
 
 
 def test_extra_bundle_backend_suffix():

@@ -19,7 +19,10 @@ chains.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -78,6 +81,31 @@ def compress_weights(model, head_dim: int, vocab: int, group: int = GROUP) -> in
     return done
 
 
+class _Stack(ctypes.Structure):  # stack_t (signal.h, Linux)
+    _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+
+
+@contextlib.contextmanager
+def same_sigaltstack():
+    """Give the calling thread back its alternate signal stack after the block. OpenVINO's compile_model
+    (2026.4) installs one of its own on the calling thread (20 KB of anonymous memory) and can unmap it later
+    while the thread still points at it; every Python signal handler runs on the alternate stack
+    (SA_ONSTACK), so a Ctrl-C or SIGTERM after that killed the process with SIGSEGV instead of raising
+    (found in the test suite: an OpenVINO load, then a SIGINT). Nothing of OpenVINO's handles a signal on
+    it. Linux only; elsewhere, or if libc will not say, a no-op."""
+    libc, old = None, _Stack()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.sigaltstack(None, ctypes.byref(old)) != 0:
+                libc = None
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.sigaltstack(ctypes.byref(old), None)
+
+
 class OvBackend(BackendBase):
     """One model of a slots or portable bundle on OpenVINO's CPU plugin; `precision` "f32", "bf16", or "int4"
     (float32 math, weights quantised at load: compress_weights)."""
@@ -104,7 +132,8 @@ class OvBackend(BackendBase):
             if precision == "int4":
                 a = entry.arch
                 self.compressed = compress_weights(model, a["head_dim"], a["vocab_size"])
-            self.compiled = core.compile_model(model, "CPU", props)
+            with same_sigaltstack():
+                self.compiled = core.compile_model(model, "CPU", props)
         except RuntimeError as e:  # OpenVINO's refusals of a graph are plain RuntimeErrors
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             raise BundleError(f"{entry.graph} (models.{entry.role}.graph) cannot be loaded by OpenVINO ({first}): "
