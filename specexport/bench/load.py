@@ -110,11 +110,14 @@ class Load:
         import openvino as ov
         import openvino_genai as og
 
+        from ..backends.ov import same_sigaltstack
+
         spec = ov_spec(meth, self.cfg)
         sc = og.SchedulerConfig()
         sc.max_num_seqs, sc.cache_size, sc.dynamic_split_fuse = level, OV_CACHE_GB, True
         props = {**spec["props"], **({"prompt_lookup": True} if spec["pld"] else {})}
-        p = og.ContinuousBatchingPipeline(spec["model"], sc, "CPU", props)
+        with same_sigaltstack():  # OpenVINO's compile leaves a signal stack it may unmap (backends/ov.py)
+            p = og.ContinuousBatchingPipeline(spec["model"], sc, "CPU", props)
         self.ov_info[meth] = {"model": str(spec["model"]), "properties": spec["props"],
                               "prompt_lookup": OV_PLD if spec["pld"] else None,
                               "device_defaults": ov_device_defaults(), "kv_cache_gb": OV_CACHE_GB}

@@ -132,6 +132,8 @@ class Methods:
         import openvino as ov
         import openvino_genai as og
 
+        from ..backends.ov import same_sigaltstack
+
         if method not in self._ov:
             spec = ov_spec(method, self.cfg)
             # LLMPipeline caches prompt prefixes across calls by default: a prompt seen before prefills in
@@ -139,8 +141,9 @@ class Methods:
             # prompts share 24 tokens, less than one 32-token block, so a first run is the same either way.
             sc = og.SchedulerConfig()
             sc.enable_prefix_caching = False
-            self._ov[method] = og.LLMPipeline(spec["model"], "CPU", **spec["props"], scheduler_config=sc,
-                                              **({"prompt_lookup": True} if spec["pld"] else {}))
+            with same_sigaltstack():  # OpenVINO's compile leaves a signal stack it may unmap (backends/ov.py)
+                self._ov[method] = og.LLMPipeline(spec["model"], "CPU", **spec["props"], scheduler_config=sc,
+                                                  **({"prompt_lookup": True} if spec["pld"] else {}))
             self.info[method] = {"model": str(spec["model"]), "properties": spec["props"], "prefix_caching": False,
                                  "prompt_lookup": OV_PLD if spec["pld"] else None,
                                  "device_defaults": ov_device_defaults()}
