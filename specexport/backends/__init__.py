@@ -3,8 +3,8 @@
 - ort (onnxruntime, CPU): the default; torch-free, like the runtime.
 - ort_device (onnxruntime with IO binding into a device-resident cache: the CUDA EP path; needs torch),
   torch_graphs (graphs/ modules in torch, CUDA graphs on CUDA; needs torch and the float32 checkpoint),
-  trt (the bundle's TensorRT engines; needs torch and TensorRT), ov (OpenVINO's CPU plugin, float32 or bfloat16,
-  portable bundles; needs openvino): optional, imported only when asked for.
+  trt (the bundle's TensorRT engines; needs torch and TensorRT), ov (OpenVINO's CPU plugin, float32, bfloat16
+  or int4 weights, slots and portable bundles; needs openvino): optional, imported only when asked for.
 base.py holds what they share. Nothing here imports the exporter.
 """
 from __future__ import annotations
