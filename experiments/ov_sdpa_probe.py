@@ -9,6 +9,7 @@ drift of a chain and a tree (prefill.verify_drifts, the load-time check) and the
 5, 9 with 192 cached tokens, interleaved.
 """
 import argparse
+from pathlib import Path
 
 import numpy as np
 import openvino as ov
@@ -60,10 +61,7 @@ def main() -> None:
     models = [specexport.load(a.bundle, backend=kind).target for _ in range(2)]
     m = models[1]
     core = ov.Core()
-    g = core.read_model(str(m.root / m.entry.graph)) if hasattr(m, "root") else None
-    if g is None:
-        from pathlib import Path
-        g = core.read_model(str(Path(a.bundle) / m.entry.graph))
+    g = core.read_model(str(Path(a.bundle) / m.entry.graph))
     if a.precision == "int4":
         compress_weights(g, m.entry.arch["head_dim"], m.entry.arch["vocab_size"])
     n = fuse_attention(g)

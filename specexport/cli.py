@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from .backends import OPENVINO
+
 SHORT_NAMES_HELP = ("short names: llama-7b (huggyllama/llama-7b), llama-160m (JackFram/llama-160m), "
                     "llama-68m (JackFram/llama-68m), smollm2-135m (the copy `specexport fetch-smollm2` writes)")
 
@@ -197,8 +199,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as one JSON object only (text, token_ids, "
                    "finish_reason, stats)")
     g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
-    g.add_argument("--backend", choices=["onnxruntime", "openvino", "openvino-bf16", "openvino-int4"],
-                   default="onnxruntime",
+    g.add_argument("--backend", choices=("onnxruntime",) + OPENVINO, default="onnxruntime",
                    help="what runs the graphs: onnxruntime (any bundle), or OpenVINO's CPU plugin in float32, "
                    "bfloat16, or float32 with int4 weights quantised at load (a --attention slots or portable "
                    "bundle; pip install '.[openvino]'; bfloat16 and int4 are targets of their own whose drafts are "

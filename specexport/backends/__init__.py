@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..errors import OptionError
 
-KINDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch", "openvino", "openvino-bf16", "openvino-int4")
+OPENVINO = ("openvino", "openvino-bf16", "openvino-int4")  # float32, bfloat16, int4 weights (ov.PRECISIONS)
+KINDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch") + OPENVINO
 
 
 def open_model(kind: str, root: Path, entry, manifest, threads: int | None = None, device: str = "cpu"):
@@ -30,7 +31,7 @@ def open_model(kind: str, root: Path, entry, manifest, threads: int | None = Non
     if kind == "tensorrt":
         from .trt import TrtBackend
         return TrtBackend(root, entry, manifest.buckets, device=device if device != "cpu" else "cuda")
-    if kind in ("openvino", "openvino-bf16", "openvino-int4"):
+    if kind in OPENVINO:
         from .ov import PRECISIONS, OvBackend
         return OvBackend(root, entry, manifest.buckets, threads, precision=PRECISIONS[kind],
                          batch_sizes=manifest.batch_sizes)

@@ -3,6 +3,7 @@ draft model and the engine's admitted requests all prefill this way.
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import numpy as np
@@ -70,8 +71,6 @@ def measured_entry(model: Backend, trees: bool = True):
     (`verify_drifts`): beyond the bundle's tolerance a chain drift loads the target plain-only (drafts are
     refused with the number) and a tree drift makes it take chain drafts only (`exact_trees` False; also
     when `trees` is False: numerics known to round a tree's rows apart on text the check does not cover)."""
-    import dataclasses
-
     e, tol = model.entry, model.entry.parity_tolerance or 1e-3
     chain, tree = verify_drifts(model)
     return dataclasses.replace(e, verify_drift=max(chain, tree), speculative=e.speculative and chain <= tol,

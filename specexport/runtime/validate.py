@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import bundle
+from ..backends import KINDS
 from ..errors import BundleError, OptionError
 from .decoder import DRAFTS
 from .sampling import SAMPLERS
 
-BACKENDS = ("onnxruntime", "onnxruntime-device", "tensorrt", "torch", "openvino", "openvino-bf16", "openvino-int4")
 MAX_STOPS = 64
 MAX_TOKENIZER_BYTES = 1 << 30
 
@@ -179,7 +179,7 @@ def option_names(opts: dict, fn) -> None:
 def load_args(threads, verify, backend, device) -> tuple:
     if threads is not None:
         threads = integer(threads, "threads", 1, 1024, fix=" (None = all cores)")
-    return threads, flag(verify, "verify"), choice(backend, "backend", BACKENDS), text(device, "device")
+    return threads, flag(verify, "verify"), choice(backend, "backend", KINDS), text(device, "device")
 
 
 # ---- opening a checked bundle's files
