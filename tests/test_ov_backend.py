@@ -170,3 +170,40 @@ def test_extra_bundle_backend_suffix():
     assert extra_bundle("ovb=bundles/x:openvino-bf16") == ("ovb", "bundles/x", "openvino-bf16")
     assert extra_bundle("c64=bundles/x") == ("c64", "bundles/x", "onnxruntime")
     assert extra_bundle("w=C:/dir") == ("w", "C:/dir", "onnxruntime")  # a colon that names no backend stays
+
+
+def test_fixed_shape_models(bundle_slots, monkeypatch):
+    """A sequence's decode and verify calls run on models compiled with B = 1 and their T fixed (the cache
+    length dynamic); prefill and B-row calls on the dynamic one. In float32 both score a step alike and
+    generate the same tokens; SPECEXPORT_OV_FIXED turns them off ("0"), and "auto" only for small weights."""
+    import numpy as np
+
+    from specexport.backends import ov as ovb
+    from specexport.errors import OptionError
+
+    fixed = specexport.load(bundle_slots, backend="openvino")
+    e = fixed.target.entry
+    assert sorted(fixed.target.fixed) == sorted({T for n, T in e.profiles.items() if not n.startswith("prefill")})
+    monkeypatch.setenv("SPECEXPORT_OV_FIXED", "0")
+    dynamic = specexport.load(bundle_slots, backend="openvino")
+    assert dynamic.target.fixed == {}
+    P, T = e.profiles["prefill"], max(fixed.target.fixed)
+    outs = []
+    for pipe in (fixed, dynamic):
+        cache = pipe.target.new_cache()
+        first = pipe.target.step(cache, list(range(5, 5 + P)), 0)  # a prefill chunk: the dynamic model in both
+        cache.commit(first.new_kv, range(P))
+        outs.append(pipe.target.step(cache, list(range(3, 3 + T)), P).logits)  # a verify call
+        req = cache.scratch[("ov", id(pipe.target), T)][1]
+        shape = req.get_compiled_model().input("input_ids").get_partial_shape()
+        assert str(shape) == (f"[1,{T}]" if pipe is fixed else "[?,?]"), shape
+    assert np.allclose(outs[0], outs[1], atol=1e-4), float(np.abs(outs[0] - outs[1]).max())
+    for p in PROMPTS:
+        assert fixed.generate(p, max_new_tokens=20, draft="ngram").token_ids == \
+            dynamic.generate(p, max_new_tokens=20, draft="none").token_ids, p
+    monkeypatch.setenv("SPECEXPORT_OV_FIXED", "auto")
+    monkeypatch.setattr(ovb, "FIXED_MAX_BYTES", 0)  # weights over the limit: no copies
+    assert specexport.load(bundle_slots, backend="openvino").target.fixed == {}
+    monkeypatch.setenv("SPECEXPORT_OV_FIXED", "yes")
+    with pytest.raises(OptionError, match="SPECEXPORT_OV_FIXED must be auto, 0 or 1"):
+        specexport.load(bundle_slots, backend="openvino")
