@@ -175,7 +175,8 @@ def test_extra_bundle_backend_suffix():
 def test_fixed_shape_models(bundle_slots, monkeypatch):
     """A sequence's decode and verify calls run on models compiled with B = 1 and their T fixed (the cache
     length dynamic); prefill and B-row calls on the dynamic one. In float32 both score a step alike and
-    generate the same tokens; SPECEXPORT_OV_FIXED turns them off ("0"), and "auto" only for small weights."""
+    generate the same tokens; the batching engine drops them; SPECEXPORT_OV_FIXED turns them off ("0"), and
+    "auto" keeps them for small weights only."""
     import numpy as np
 
     from specexport.backends import ov as ovb
@@ -201,6 +202,12 @@ def test_fixed_shape_models(bundle_slots, monkeypatch):
     for p in PROMPTS:
         assert fixed.generate(p, max_new_tokens=20, draft="ngram").token_ids == \
             dynamic.generate(p, max_new_tokens=20, draft="none").token_ids, p
+    # the engine's B-row calls run on the dynamic model: starting it drops the fixed ones (and re-measures),
+    # so solo runs from then on score as batched ones do
+    got = fixed.generate_batch(PROMPTS, max_new_tokens=20, draft="ngram")
+    assert fixed.target.fixed == {} and fixed.target.entry.speculative
+    assert [g.token_ids for g in got] == [fixed.generate(p, max_new_tokens=20, draft="none").token_ids
+                                          for p in PROMPTS]
     monkeypatch.setenv("SPECEXPORT_OV_FIXED", "auto")
     monkeypatch.setattr(ovb, "FIXED_MAX_BYTES", 0)  # weights over the limit: no copies
     assert specexport.load(bundle_slots, backend="openvino").target.fixed == {}

@@ -198,7 +198,13 @@ class OvBackend(BackendBase):
         self.numerics = {"bf16": "bfloat16 math", "int4": "int4 weights"}.get(precision, "float32 math") + " (OpenVINO)"
         self.plain_only_fix = ("rebuild with --attention slots, or " if entry.attention == "portable" else "") + \
             "load it with backend='openvino' (float32)"
-        if entry.role == "target" and entry.verify_ks():
+        self.precision, self.bundle_entry = precision, entry
+        self._measure()
+
+    def _measure(self) -> None:
+        """The build's verify-vs-decode check on the calls this backend makes now (the fixed models, or the
+        dynamic one once they are dropped)."""
+        if self.entry.role == "target" and self.entry.verify_ks():
             from ..runtime.prefill import measured_entry
 
             # bfloat16 rounds each partial sum: a tree node's attention over its ancestors in the call's slots
@@ -206,7 +212,18 @@ class OvBackend(BackendBase):
             # check's tree does not (measured: recycle on SmolLM2 differed on 1 of 13 Spec-Bench answers,
             # prompt lookup on none), so bfloat16 drafts are chains whatever the check says; int4 weights
             # (activations quantised per row) are measured: chains exact, trees 0.5 apart on SmolLM2
-            self.entry = measured_entry(self, trees=precision != "bf16")
+            self.entry = self.bundle_entry
+            self.entry = measured_entry(self, trees=self.precision != "bf16")
+
+    def drop_fixed(self) -> None:
+        """Run every call on the dynamic model from now on; the batching engine calls this when it starts. Its
+        B-row calls cannot use the fixed models (B = 1), and in bfloat16 those score tokens differently from
+        the dynamic model (logits up to 0.17 apart on SmolLM2; 3 of 4 chat answers changed), so a batched
+        request would not match a solo run on them. Solo runs from then on use the dynamic model too, and so
+        match the engine's; the fixed models' memory is freed and the load-time check runs again."""
+        if self.fixed:
+            self.fixed = {}
+            self._measure()
 
     @property
     def exact_trees(self) -> bool:

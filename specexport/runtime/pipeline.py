@@ -167,6 +167,8 @@ class Pipeline:
                               "generate and stream work on this one")
         if self._engine is not None:
             self._engine.close()
+        if getattr(self.target, "fixed", None):  # OpenVINO's fixed-shape models: one sequence only
+            self.target.drop_fixed()
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
                               max_queue=max_queue, prefill_budget=prefill_budget)
         if warm:
