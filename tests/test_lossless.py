@@ -126,6 +126,11 @@ def test_long_prefill_profiles_fewer_calls_same_tokens(ckpts, tmp_path):
     pipe.target.step = lambda cache, x, *a, **k: calls.append(len(x)) or step(cache, x, *a, **k)
     assert pipe.generate(ids, max_new_tokens=20, draft="none").token_ids == want
     assert calls[:2] == [32, 32] and sum(t > 1 for t in calls) == 3  # 74 prompt ids in 3 calls (8-token: 10)
+    pipe.target.call_cost = 0  # a backend's own price of a call, in prompt tokens: free calls, no padding
+    calls.clear()
+    assert pipe.generate(ids, max_new_tokens=20, draft="none").token_ids == want
+    assert calls[:4] == [32, 32, 8, 3]  # the last 11 ids as 8 + 3 instead of 16 with 5 pad rows
+    del pipe.target.call_cost
     assert pipe.generate(ids, max_new_tokens=20, draft="recycle", k=4).token_ids == want
     eng = pipe.start_engine(max_batch=2)
     eng._thread = True  # driven by hand: the second request arrives while the first decodes

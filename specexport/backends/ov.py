@@ -36,6 +36,9 @@ from ..runtime.kv import KVPool, RingKV
 from .base import BackendBase, StepOut, batch_inputs, logit_rows, step_inputs
 
 PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int4": "int4"}
+# a prefill call's fixed cost in prompt tokens (runtime/prefill.py), per precision: a + b*T fitted to calls of
+# T = 1..256 on SmolLM2 (experiments/call_cost_probe.py, `xeon-amx`, 2026-12-03); onnxruntime's is 15-16
+CALL_COSTS = {"f32": 35, "bf16": 52, "int4": 30}
 GROUP = 32  # int4 weights: one scale per 32 input channels, as OpenVINO GenAI's int4 models here (--group-size 32)
 
 
@@ -199,6 +202,7 @@ class OvBackend(BackendBase):
         self.plain_only_fix = ("rebuild with --attention slots, or " if entry.attention == "portable" else "") + \
             "load it with backend='openvino' (float32)"
         self.precision, self.bundle_entry = precision, entry
+        self.call_cost = CALL_COSTS[precision]
         self._measure()
 
     def _measure(self) -> None:

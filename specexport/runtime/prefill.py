@@ -11,20 +11,22 @@ import numpy as np
 from ..backends.base import Backend
 from .kv import RingKV
 
-# what a call of T tokens costs, in prompt tokens: CALL_COST + T. A call reads every weight once, which on
-# these CPUs costs about as much as 16 tokens of prefill compute (a 1-token call ~32 ms, a 64-token one ~135 ms,
-# 128 ~270 ms on SmolLM2, 2 cores); a padded row costs as much as a real one
+# what a call of T tokens costs, in prompt tokens: call_cost + T. A call reads every weight once, which on
+# these CPUs costs about as much as 16 tokens of prefill compute on onnxruntime in float32 (a 1-token call
+# ~32 ms, a 64-token one ~135 ms, 128 ~270 ms on SmolLM2, 2 cores); a padded row costs as much as a real one.
+# A backend whose tokens are cheaper against its per-call cost says so in its `call_cost` (OpenVINO in bf16
+# on AMX: ~52, experiments/call_cost_probe.py)
 CALL_COST = 16
 
 
 @lru_cache(maxsize=64)
-def _plans(sizes: tuple) -> list[int]:
+def _plans(sizes: tuple, call_cost: int = CALL_COST) -> list[int]:
     """first[r] for r < max(sizes): the T of the first call of the cheapest sequence of calls of `sizes` whose
-    T add up to at least r (the last may be padded), a call costing CALL_COST + T; the larger
+    T add up to at least r (the last may be padded), a call costing call_cost + T; the larger
     first among equals."""
     cost, first = [0.0], [0]
     for r in range(1, sizes[-1]):
-        c, neg_t = min((CALL_COST + t + cost[max(r - t, 0)], -t) for t in sizes)  # -t: the larger T on a tie
+        c, neg_t = min((call_cost + t + cost[max(r - t, 0)], -t) for t in sizes)  # -t: the larger T on a tie
         cost.append(c)
         first.append(-neg_t)
     return first
@@ -52,7 +54,7 @@ def next_chunk(model: Backend, left: int, limit: int | None = None) -> tuple[int
     """(T, r) of the next prefill call for `left` prompt tokens: its profile and the tokens it takes (the rest
     of T is padding), as `feed_chunk` runs it."""
     sizes = chunk_ts(model, limit)
-    T = sizes[-1] if left >= sizes[-1] else _plans(sizes)[left]
+    T = sizes[-1] if left >= sizes[-1] else _plans(sizes, getattr(model, "call_cost", CALL_COST))[left]
     return T, min(T, left)
 
 
