@@ -151,3 +151,20 @@ def test_long_prefill_profiles_fewer_calls_same_tokens(ckpts, tmp_path):
         pass
     assert late.wait(1).token_ids == want and first.wait(1).token_ids == hf_greedy(ckpts["target"], short, 40)
     assert calls and max(calls) <= 8  # while another decodes: chunks within the budget (8 tokens)
+
+
+def test_batch_parity_at_the_engines_largest_call(ckpts, tmp_path):
+    """A portable bundle with batch sizes and long prefill profiles: the build's B > 1 parity check runs the
+    largest T the engine calls B rows with (the 8-token prefill chunk here, above the verify T = 5), not a
+    long prefill profile, which only one row at a time runs."""
+    import json
+
+    from conftest import build_bundle
+
+    b = build_bundle(tmp_path / "pb", ckpts["target"], capacity=128, long_prefill=(16, 32), attention="portable",
+                     batch_sizes=(1, 2))
+    t = json.loads((b / "manifest.json").read_text())["models"]["target"]
+    assert "prefill_32" in t["profiles"] and set(t["parity"]) - set(t["profiles"]) == {"decode@capacity",
+                                                                                       "batch_B2_T8"}
+    r = t["parity"]["batch_B2_T8"]
+    assert len(set(r["cache_lengths"])) == 2 and r["max_abs"] < 1e-4 and r["top1"] == 1.0

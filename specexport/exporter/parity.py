@@ -59,12 +59,14 @@ def check(hf, model: OrtBackend, layers: int | None = None, seed: int = 0, tick=
 
 
 def check_batch(hf, model: OrtBackend, B: int, layers: int | None = None, seed: int = 1) -> dict:
-    """-> {"batch_B{B}_T{T}": ...} for the largest T a B-row call runs: B rows at different cache lengths
-    (each prefilled through its own pool row), one batched call, every row against transformers' eager
-    logits of its own sequence."""
+    """-> {"batch_B{B}_T{T}": ...} for the largest T the batching engine runs in a B-row call (a decode or
+    verify step, or the first prefill chunks of neighbouring requests: the "prefill" profile; the long
+    prefill profiles run one row at a time): B rows at different cache lengths (each prefilled through its
+    own pool row), one batched call, every row against transformers' eager logits of its own sequence."""
     V = model.entry.arch["vocab_size"]
-    T = max(model.batch_ts(B))
     P = model.entry.profiles.get("prefill", 1)
+    engine_ts = {t for name, t in model.entry.profiles.items() if not name.startswith("prefill")} | {P}
+    T = max(t for t in model.batch_ts(B) if t in engine_ts)
     longest = max(2, min(model.capacity - T, 2 * P + 3))
     rng = np.random.default_rng(seed)
     lengths = [max(1, longest - (b * longest) // B) for b in range(B)]  # longest, ..., shortest
