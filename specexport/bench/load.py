@@ -178,8 +178,12 @@ class Load:
 
     def solo(self, prompts: list, tag: str = "") -> list[tuple[list[int], float]]:
         """Each prompt alone through Pipeline.generate, plain decoding on the bundle tagged `tag`: the
-        reference tokens and seconds."""
+        reference tokens and seconds. Taken after the pipeline's engine has started, in the state the engine
+        runs its target in from then on (OpenVINO: the fixed-shape models dropped, whose bfloat16 kernels score
+        some tokens differently from the dynamic model's; docs/design.md "The OpenVINO backend")."""
         pipe = self.pipes[tag]
+        if hasattr(pipe.target, "step_batch"):  # a backend that batches (the others fail in `engine` anyway)
+            pipe.start_engine(max_batch=1)
         pipe.generate(prompts[0][:16], max_new_tokens=2, draft="none")  # warm-up
         out = []
         for ids in prompts:
