@@ -15,6 +15,7 @@ import argparse
 import numpy as np
 
 import specexport
+from specexport.runtime import prefill
 
 
 def main() -> None:
@@ -36,7 +37,6 @@ def main() -> None:
             c = m.new_cache()
             c.reserve(a.cached + 16)
             ids = [int(x) for x in np.random.RandomState(0).randint(100, 40000, a.cached)]
-            from specexport.runtime import prefill
             prefill.feed(m, c, ids)
             caches[name] = c
         times = {(name, T): [] for name in models for T in Ts}
