@@ -339,3 +339,46 @@ def test_the_default_budget_follows_the_prompts_waiting(bundles, budget):
     while eng.step():
         pass
     assert [c.wait(1).token_ids for c in [first] + cs] == want
+
+
+def test_payoff_pauses_speculation_that_delivers_less_than_plain():
+    """runtime/costs.Payoff: a batch size whose speculative calls deliver fewer tokens per row per second than a
+    plain call (one token per row per plain call, timed in a run of plain calls) decodes plain for `pause`
+    steps, then tries again from a fresh average; plain calls right after a speculative one (a change of shape)
+    do not move the plain estimate; other batch sizes are not affected."""
+    from specexport.runtime.costs import Payoff
+
+    p = Payoff(pause=3)
+    p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
+    p.record(8, 1, 8, 8, 0.100, plain_s=0.100)  # a run of plain calls: 10 tokens per row per second
+    p.record(8, 9, 24, 8, 0.200, plain_s=0.100)  # 3 tokens per row in 0.2 s: 15 per second, pays
+    assert p.allows(8)
+    p.record(8, 1, 8, 8, 0.500, plain_s=0.100)  # after a change of shape: not a plain call's cost
+    assert p.plain[8] == pytest.approx(0.100)
+    for _ in range(3):  # ~1.1 tokens per row in 0.2 s: the average (15 at first) falls below 10
+        p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
+    assert not p.allows(8) and p.allows(4)
+    for _ in range(3):
+        p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
+    assert p.allows(8) and 8 not in p.rate  # paused 3 plain steps, then a fresh start
+
+
+def test_paused_engine_decodes_plain_and_the_same_tokens(bundles):
+    """While the guard pauses speculation at a batch size, an adaptive request there runs T = 1 calls (nothing
+    proposed) and gets the tokens it gets alone."""
+    pipe = specexport.load(bundles["portable"])
+    want = solo(pipe, PROMPTS[1], max_new_tokens=16)
+    eng = pipe.start_engine(max_batch=2)
+    eng._thread = True  # driven by hand
+    eng.payoff.plain_left = {B: 10 ** 6 for B in eng.batch_sizes}
+    c = pipe.submit(PROMPTS[1], max_new_tokens=16, draft="recycle", k="auto")
+    while eng.step():
+        pass
+    assert c.wait(1).token_ids == want
+    st = c.generation.stats
+    assert st.proposed == 0 and st.steps > 0
+    eng.payoff.plain_left = {}
+    c = pipe.submit(PROMPTS[1], max_new_tokens=16, draft="recycle", k="auto")
+    while eng.step():
+        pass
+    assert c.wait(1).token_ids == want and c.generation.stats.proposed > 0  # speculating again

@@ -41,3 +41,46 @@ class StepCosts:
     def best(self, B: int, ts, expected) -> int:
         """The T of `ts` with the most expected tokens per second: expected(T) / cost(B, T)."""
         return max(ts, key=lambda T: expected(T) / self.cost(B, T))
+
+
+class Payoff:
+    """Whether speculating still pays at a batch size, by what it delivered: the realized tokens per row per
+    second of its speculative calls (T > 1, an exponential moving average) against a plain call's one token
+    per row per plain second (a (B, 1) call that follows a (B, 1) call; the first estimate is the cost table's,
+    measured by the engine's warm-up the same way). The choice of T trusts the drafts' scores and the cost of
+    each (B, T) call alone; where the scores overrate the drafts, or where a change of call shape costs extra
+    on its own (~21 ms on OpenVINO's dynamic model, bf16 SmolLM2, against a 55 ms call: a speculating step
+    pays it going to T and coming back, and the cost table then prices both T = 1 and T > 1 with it),
+    speculation delivered 0.5-0.8x plain decoding through the engine (docs/benchmarks.md "The batching engine
+    on OpenVINO bfloat16"). Once the average falls below plain, that batch size decodes plain for `pause`
+    steps, then speculation is tried again from a fresh average."""
+
+    def __init__(self, smoothing: float = 0.3, pause: int = 32):
+        self.smoothing, self.pause = smoothing, pause
+        self.rate: dict = {}  # B -> realized tokens per row per second of its speculative calls
+        self.plain: dict = {}  # B -> seconds of a (B, 1) call in a run of them
+        self.plain_left: dict = {}  # B -> plain steps left before speculating again
+        self.last = None  # (B, T) of the previous call
+
+    def allows(self, B: int) -> bool:
+        return not self.plain_left.get(B)
+
+    def _ema(self, d: dict, key, x: float) -> None:
+        d[key] = x if key not in d else (1 - self.smoothing) * d[key] + self.smoothing * x
+
+    def record(self, B: int, T: int, tokens: int, rows: int, seconds: float, plain_s: float) -> None:
+        """One call of B rows and T tokens each, `rows` of them requests' rows that emitted `tokens` in all;
+        plain_s: the cost table's (B, 1) call, the first estimate of a plain call at B."""
+        run, self.last = self.last == (B, T), (B, T)
+        self.plain.setdefault(B, plain_s)
+        if T == 1:
+            if run:
+                self._ema(self.plain, B, seconds)
+            if self.plain_left.get(B):
+                self.plain_left[B] -= 1
+                if not self.plain_left[B]:
+                    self.rate.pop(B, None)  # try again from nothing
+            return
+        self._ema(self.rate, B, tokens / (rows * seconds))
+        if self.rate[B] < 1 / self.plain[B]:
+            self.plain_left[B] = self.pause

@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import EngineClosed, OptionError, QueueFull
-from .costs import StepCosts
+from .costs import Payoff, StepCosts
 from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
@@ -154,6 +154,7 @@ class Engine:
         # (requests, T)
         self.groups = getattr(target, "groups", 0)
         self.pair_costs = StepCosts()
+        self.payoff = Payoff()  # whether speculating still pays, per batch size (adaptive requests only)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -450,6 +451,7 @@ class Engine:
         if ride is None:
             out = self.target.step_batch(self.pool, ids, pos, mask)
             self.costs.update(B, T, out.run_s)
+            before = sum(s.emitted for s in dec)
         else:
             p, Tc, r = ride
             chunk = p.ids[p.fed:p.fed + r] + [0] * (Tc - r)
@@ -470,6 +472,8 @@ class Engine:
                 self._accept(s, t, T, out)
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
+        if ride is None and any(s.cfg.adaptive for s in dec):
+            self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1))
         self.pool.shrink(self._room())
 
     def _verify_apart(self, dec: list[Sequence]) -> bool:
@@ -528,6 +532,8 @@ class Engine:
         if not any(s.cfg.adaptive for s in dec):
             need = max(caps)
             return next((T for T in ts if T >= need), ts[-1])
+        if not self.payoff.allows(B) and ts[0] == 1:  # speculation delivered less than plain decoding here
+            return 1
         cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
         return self.costs.best(B, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
 
