@@ -49,8 +49,9 @@ def main() -> None:
                 tps[mode].append(rate)
                 outs.setdefault(mode, toks)
         on, off = np.median(tps["on"]), np.median(tps["off"])
-        print(f"{a.bundle} c={level}: guard on {on:.1f} tokens/s, off {off:.1f} ({on / off:.2f}x); "
-              f"same tokens: {outs['on'] == outs['off']}", flush=True)
+        print(f"{a.bundle} c={level}: guard on {on:.1f} tokens/s, off {off:.1f} ({on / off:.2f}x; rounds on "
+              f"{[round(x, 1) for x in tps['on']]}, off {[round(x, 1) for x in tps['off']]}); same tokens: "
+              f"{outs['on'] == outs['off']}", flush=True)
 
 
 if __name__ == "__main__":

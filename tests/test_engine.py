@@ -364,21 +364,20 @@ def test_payoff_pauses_speculation_that_delivers_less_than_plain():
 
 
 def test_paused_engine_decodes_plain_and_the_same_tokens(bundles):
-    """While the guard pauses speculation at a batch size, an adaptive request there runs T = 1 calls (nothing
-    proposed) and gets the tokens it gets alone."""
+    """While the guard pauses speculation at a batch size > 1, adaptive requests there run T = 1 calls (nothing
+    proposed) and get the tokens they get alone; a request alone (B = 1) keeps speculating."""
     pipe = specexport.load(bundles["portable"])
-    want = solo(pipe, PROMPTS[1], max_new_tokens=16)
+    prompts = PROMPTS[1:3]
+    want = [solo(pipe, p, max_new_tokens=16) for p in prompts]
     eng = pipe.start_engine(max_batch=2)
     eng._thread = True  # driven by hand
     eng.payoff.plain_left = {B: 10 ** 6 for B in eng.batch_sizes}
-    c = pipe.submit(PROMPTS[1], max_new_tokens=16, draft="recycle", k="auto")
+    cs = [pipe.submit(p, max_new_tokens=16, draft="recycle", k="auto") for p in prompts]
     while eng.step():
         pass
-    assert c.wait(1).token_ids == want
-    st = c.generation.stats
-    assert st.proposed == 0 and st.steps > 0
-    eng.payoff.plain_left = {}
-    c = pipe.submit(PROMPTS[1], max_new_tokens=16, draft="recycle", k="auto")
+    assert [c.wait(1).token_ids for c in cs] == want
+    assert eng.counters["batch"].get(2) and all(c.generation.stats.proposed == 0 for c in cs), eng.counters
+    c = pipe.submit(prompts[1], max_new_tokens=16, draft="recycle", k="auto")  # alone: B = 1
     while eng.step():
         pass
-    assert c.wait(1).token_ids == want and c.generation.stats.proposed > 0  # speculating again
+    assert c.wait(1).token_ids == want[1] and c.generation.stats.proposed > 0

@@ -53,7 +53,10 @@ class Payoff:
     pays it going to T and coming back, and the cost table then prices both T = 1 and T > 1 with it),
     speculation delivered 0.5-0.8x plain decoding through the engine (docs/benchmarks.md "The batching engine
     on OpenVINO bfloat16"). Once the average falls below plain, that batch size decodes plain for `pause`
-    steps, then speculation is tried again from a fresh average."""
+    steps, then speculation is tried again from a fresh average. The engine asks it for B > 1 only: a request
+    decoding alone competes with no other rows, and pausing there lost 6% on onnxruntime (0.94x in 4 of 4
+    interleaved rounds, experiments/payoff_ab.py), where low-acceptance stretches paused speculation that
+    the stretches after them would have paid for, and the recycle drafter's table learns from fewer rows."""
 
     def __init__(self, smoothing: float = 0.3, pause: int = 32):
         self.smoothing, self.pause = smoothing, pause

@@ -154,7 +154,7 @@ class Engine:
         # (requests, T)
         self.groups = getattr(target, "groups", 0)
         self.pair_costs = StepCosts()
-        self.payoff = Payoff()  # whether speculating still pays, per batch size (adaptive requests only)
+        self.payoff = Payoff()  # whether speculating still pays, per batch size > 1 (adaptive requests only)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -472,7 +472,7 @@ class Engine:
                 self._accept(s, t, T, out)
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
-        if ride is None and any(s.cfg.adaptive for s in dec):
+        if ride is None and B > 1 and any(s.cfg.adaptive for s in dec):  # B = 1: Payoff's docstring
             self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1))
         self.pool.shrink(self._room())
 
@@ -532,7 +532,7 @@ class Engine:
         if not any(s.cfg.adaptive for s in dec):
             need = max(caps)
             return next((T for T in ts if T >= need), ts[-1])
-        if not self.payoff.allows(B) and ts[0] == 1:  # speculation delivered less than plain decoding here
+        if B > 1 and not self.payoff.allows(B) and ts[0] == 1:  # speculation delivered less than plain here
             return 1
         cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
         return self.costs.best(B, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
