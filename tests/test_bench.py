@@ -156,13 +156,12 @@ def test_bench_concurrency_poisson_and_refusals(bundle_noisy, tmp_path, capsys):
     qs = write_questions(tmp_path / "q.jsonl", [("writing", "abc abc abc"), ("math", "1 2 3 1 2 3")])
     out = tmp_path / "out"
     assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--max-new-tokens", "6", "--concurrency", "2",
-                 "--arrival", "poisson", "--rate", "20", "--requests", "3", "--methods", "se-none,se-ngram-k2@b",
+                 "--arrival", "poisson", "--rate", "20", "--requests", "3", "--methods", "se-none,se-ngram-k2@b,se-model-k2",
                  "--extra-bundle", f"b={bundle_noisy}", "--out", str(out)]) == 0
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert len(records) == 6 and all(r["identical"] for r in records)
+    assert len(records) == 9 and all(r["identical"] for r in records)
     assert records[0]["submit_s"] < records[2]["submit_s"]  # arrivals spread in time
-    for argv, msg in [(["--arrival", "poisson"], "--rate"), (["--methods", "se-model-k2"], "without a model"),
-                      (["--methods", "hf"], "does not run under --concurrency")]:
+    for argv, msg in [(["--arrival", "poisson"], "--rate"), (["--methods", "hf"], "does not run under --concurrency")]:
         assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--concurrency", "1", "--out",
                      str(tmp_path / "o"), *argv]) == 2
         assert msg in capsys.readouterr().err

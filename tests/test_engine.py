@@ -92,6 +92,43 @@ def test_staggered_arrivals_and_cancel(bundles):
     assert pipe.engine.stats()["running"] == 0 and len(pipe.engine.pool.free) == 2
 
 
+@pytest.mark.parametrize("fixture", ["bundle_noisy", "bundle_portable"])
+def test_draft_model_requests_match_solo(fixture, request):
+    """draft="model" in the engine: the bundle's draft model drafts for every such request in shared calls
+    (its own pool, one row per request); each request is identical to its solo run, greedy and Gumbel,
+    beside requests with other drafts, and a cancelled one disturbs nobody."""
+    pipe = specexport.load(request.getfixturevalue(fixture))
+    drafts = ["model", "model", "recycle", "model", "none", "model"]
+    for kw in ({}, dict(temperature=0.8, seed=3)):
+        want = [solo(pipe, p, max_new_tokens=24, **kw) for p in PROMPTS]
+        pipe.start_engine(max_batch=4, max_queue=8)
+        doomed = pipe.submit(PROMPTS[0], max_new_tokens=40, draft="model", k=4, **kw)
+        cs = [pipe.submit(p, max_new_tokens=24, draft=d, k=2 if i % 2 else 4, **kw)
+              for i, (p, d) in enumerate(zip(PROMPTS, drafts))]
+        next(iter(doomed))
+        doomed.cancel()
+        got = [c.wait(60) for c in cs]
+        assert [g.token_ids for g in got] == want
+        assert doomed.wait(30).finish_reason in ("cancelled", "length")
+        st = pipe.engine.stats()
+        assert st["running"] == 0 and sum(got[i].stats.proposed for i in (0, 1, 3, 5)) > 0, st
+        if fixture == "bundle_portable":  # B-row verify calls: the drafts of several requests share calls
+            assert any(B > 1 for B in st["draft_batch"]), st
+    pipe.close(10)
+
+
+def test_draft_model_in_the_engine_drafts_as_solo(bundle_noisy):
+    """One request at a time, the engine's pooled draft proposes what the solo drafter does (same accepted and
+    proposed counts per request): its cache follows every accept and rollback."""
+    pipe = specexport.load(bundle_noisy)
+    want = [pipe.generate(p, draft="model", k=4, max_new_tokens=24).stats for p in PROMPTS]
+    pipe.start_engine(max_batch=1, max_queue=8)
+    got = [c.wait(60).stats for c in [pipe.submit(p, draft="model", k=4, max_new_tokens=24) for p in PROMPTS]]
+    assert [(s.accepted, s.proposed) for s in got] == [(s.accepted, s.proposed) for s in want]
+    assert sum(s.accepted for s in got) > 0 and all(s.draft_s > 0 for s in got)
+    pipe.close(10)
+
+
 def test_gumbel_sampling_matches_solo(bundles):
     pipe = specexport.load(bundles["portable"])
     kw = dict(max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
@@ -145,7 +182,7 @@ def test_refusals(bundles):
     pipe = specexport.load(bundles["fused"])
     with pytest.raises(PromptTooLong):
         pipe.submit("a" * 90, max_new_tokens=20)
-    with pytest.raises(OptionError):
+    with pytest.raises(ValueError, match="no draft model"):
         pipe.submit("hi", draft="model")
     with pytest.raises(OptionError):
         pipe.start_engine(max_batch=16)

@@ -37,7 +37,7 @@ HI = [{"role": "user", "content": "Hi there, how are you?"}]
 def bundle(ckpts, tmp_path_factory):
     out = tmp_path_factory.getbasetemp() / "serve" / "tiny"  # built once a run: test_serve_ray.py takes it too
     if not (out / "manifest.json").is_file():
-        # no draft model: the batching engine drafts without one
+        # no draft model: draft="model" is a 400 here
         build_bundle(out, ckpts["target"], capacity=1024, batch_sizes=(1, 4))
     return out
 

@@ -29,8 +29,10 @@ def test_torch_backend_batches_requests_on_its_device_pool(bundle_noisy, bundle_
     pipe = specexport.load(bundle_noisy, backend="torch")
     want = [pipe.generate(p, max_new_tokens=24, draft="none").token_ids for p in prompts]
     pipe.start_engine(max_batch=4, warm=False)  # the cost table then holds only the calls the requests made
-    cs = [pipe.submit(p, max_new_tokens=24, draft=d, k=4) for p, d in zip(prompts, ["none", "recycle", "ngram"] * 2)]
+    drafts = ["none", "recycle", "ngram", "model", "model", "recycle"]  # model: the draft's own device pool
+    cs = [pipe.submit(p, max_new_tokens=24, draft=d, k=4) for p, d in zip(prompts, drafts)]
     assert [c.wait(120).token_ids for c in cs] == want
+    assert any(B > 1 for B in pipe.engine.stats()["draft_batch"]), pipe.engine.stats()
     seen = pipe.engine.costs.seen
     assert any(B > 1 and T > 1 for B, T in seen), seen  # batched verify calls ran
     assert type(pipe.engine.pool.data) is torch.Tensor

@@ -38,12 +38,10 @@ def check_method(method: str, load: bool) -> None:
     """Refuse a method name that does not exist in this mode, with the names that do."""
     se, ov = SE.match(method), OV.match(method)
     if load:
-        if se and se.group(1) == "model":
-            raise ValueError(f"method {method}: the batching engine drafts without a model (none, ngram, recycle)")
         if se or (ov and ov.group(1)):
             return
         raise ValueError(f"method {method!r} does not run under --concurrency: use se-none, se-ngram-kK, "
-                         "se-recycle-kK, se-recycle-kauto or ov-cb[-int4][-default][-pld]")
+                         "se-model-kK, se-recycle-kK, se-recycle-kauto or ov-cb[-int4][-default][-pld]")
     if se or method in PEERS or (ov and not ov.group(1)):
         return
     hint = " (ov-cb* runs under --concurrency only)" if ov else ""

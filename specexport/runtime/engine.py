@@ -23,7 +23,7 @@ from .costs import Payoff, StepCosts
 from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
-from .drafters import RecycleDrafter, Tree
+from .drafters import PoolDrafts, RecycleDrafter, RowDraft, Tree
 from .prefill import chunk_ts, feed_chunk, next_chunk
 from .text import TextStream
 
@@ -95,7 +95,7 @@ class Sequence:
     ids: list  # prompt + emitted tokens
     cfg: DecodeConfig
     text: TextStream
-    drafter: object = None  # RecycleDrafter | NgramDrafter | None
+    drafter: object = None  # RecycleDrafter | NgramDrafter | RowDraft (the engine's draft model) | None
     pick: Picker | None = None
     row: int = -1
     cache: object = None  # the row as a RingKV (prefill chunks)
@@ -129,7 +129,7 @@ class Engine:
     (runtime/costs); with a fixed k, the smallest profile that holds every row's k+1 nodes."""
 
     def __init__(self, target, make_sequence, max_batch: int = 4, max_queue: int = 64,
-                 prefill_budget: int | None = None):
+                 prefill_budget: int | None = None, draft=None):
         if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
             raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not (isinstance(max_queue, int) and not isinstance(max_queue, bool) and max_queue >= 0):
@@ -148,6 +148,8 @@ class Engine:
         self.budget_max = prefill_budget or PREFILL_CHUNKS_MAX * self.chunk
         self.prefill_budget = prefill_budget or self.chunk  # this iteration's (step() sets the default's)
         self.pool = target.new_pool(self.batch_sizes[-1])
+        # the bundle's draft model (a backend with step_batch), for requests with draft="model": its own pool
+        self.drafts = PoolDrafts(draft, self.pool.rows) if draft is not None else None
         self.costs = StepCosts()
         # a mixed graph (fused targets): its single-sequence groups carry a prefill chunk beside the decode rows,
         # or let up to groups + 1 requests verify their own drafts in one call; pair_costs prices those calls by
@@ -193,6 +195,7 @@ class Engine:
                     "batch": dict(self.counters["batch"]), "prefill_batch": dict(self.counters["prefill_batch"]),
                     "mixed_rides": self.counters.get("rides", 0), "mixed_apart": self.counters.get("apart", 0),
                     "row_moves": self.counters.get("moves", 0),
+                    "draft_batch": dict(self.drafts.calls) if self.drafts is not None else {},
                     "prefill_budget": self.prefill_budget, "pool_slots": self.pool.S,
                     "pool_bytes": self.pool.resident_bytes, "pool_peak_bytes": self.pool.peak_bytes}
 
@@ -234,6 +237,13 @@ class Engine:
         row = pool.row(pool.free[0])
         for T in sorted({t for name, t in tgt.entry.profiles.items() if name.startswith("prefill")}):
             tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
+        if self.drafts is not None:  # the draft's B-row calls (T = 1) and its catch-up chunks
+            d, dpool = self.drafts.model, self.drafts.pool
+            for B in self.batch_sizes:
+                for _ in range(2):
+                    d.step_batch(dpool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64))
+            for T in sorted(set(d.entry.profiles.values())):
+                d.step(dpool.row(0), [0] * T, 0, rows=[T - 1])
         if self.groups:  # mixed calls: decode rows + a prefill chunk (`_decode`), requests verifying apart
             last = self.batch_sizes[-1] - 1
             for B in self.batch_sizes:
@@ -317,6 +327,8 @@ class Engine:
             if self.target.batch_for(max(rest, free) + 1) >= self.target.batch_for(top.row + 1):
                 return  # the call would cover as many rows after the move
             self.pool.move(top.row, free)
+            if self.drafts is not None:
+                self.drafts.move(top.row, free)
             top.row, top.cache = free, self.pool.row(free)
             self.counters["moves"] = self.counters.get("moves", 0) + 1
 
@@ -346,6 +358,8 @@ class Engine:
                     continue
                 s.row = self.pool.acquire()
                 s.cache = self.pool.row(s.row)
+                if self.drafts is not None:
+                    self.drafts.reset(s.row)
                 self._active.append(s)
             self.pool.reserve(self._room())  # one growth for everyone admitted now, not one per bucket on the way
 
@@ -431,7 +445,10 @@ class Engine:
         return sum(lens)
 
     def _decode(self, dec: list[Sequence], ride=None) -> None:
-        if ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and self._verify_apart(dec):
+        apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1
+        if self.drafts is not None:
+            self._model_drafts(dec, apart)
+        if apart and self._verify_apart(dec):
             return
         B = self.target.batch_for(max(s.row for s in dec) + 1)  # the rows [0, B) the call covers
         verify = max(self.target.batch_ts(B)) > 1  # a fused graph's B > 1 call runs T = 1: nothing to draft
@@ -516,6 +533,24 @@ class Engine:
                 self._retire(s, "error", e)
         return True
 
+    def _model_drafts(self, dec: list[Sequence], apart: bool) -> None:
+        """The draft model's proposals for this step's requests with draft="model", all in shared calls
+        (PoolDrafts.run), before anyone builds a tree (`_draft` reads them); none when the step can verify
+        nothing (a fused B > 1 call decodes T = 1 only and no verify apart is possible), so the draft falls
+        behind and catches up in chunks when it drafts again."""
+        want = [s for s in dec if isinstance(s.drafter, RowDraft)]
+        for s in want:
+            s.drafter.props = []
+        B = self.target.batch_for(max(s.row for s in dec) + 1)
+        if not want or not (apart or max(self.target.batch_ts(B)) > 1):
+            return
+        pairs = [(s, min(s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
+        pairs = [(s, k) for s, k in pairs if k > 0]
+        if pairs:
+            spent = self.drafts.run(pairs)
+            for s, _ in pairs:
+                s.c.generation.stats.draft_s += spent / len(pairs)
+
     def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k
         if d is None or room <= 0:
@@ -546,6 +581,8 @@ class Engine:
         check_finite(logits[:n], "target")
         emitted, path = accept_tree(logits, tree, n, len(s.ids), s.pick)
         self.pool.commit(s.row, out.new_kv, b, path)
+        if isinstance(s.drafter, RowDraft):
+            self.drafts.accepted(s, len(emitted) - 1)
         if isinstance(s.drafter, RecycleDrafter):
             s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[b])
         elif s.drafter is not None and n > 1:

@@ -15,7 +15,7 @@ from ..errors import OptionError, PromptTooLong
 from ..backends import open_model
 from .accept import Picker
 from .decoder import DecodeConfig, Stats, generate
-from .drafters import ModelDrafter, NgramDrafter, RecycleDrafter, SuccessorTable, shares_cache
+from .drafters import ModelDrafter, NgramDrafter, RecycleDrafter, RowDraft, SuccessorTable, shares_cache
 from .engine import Completion, Engine, Sequence
 from .text import TextStream
 from .sampling import SamplingParams
@@ -169,8 +169,9 @@ class Pipeline:
             self._engine.close()
         if getattr(self.target, "fixed", None):  # OpenVINO's fixed-shape models: one sequence only
             self.target.drop_fixed()
+        draft = self.draft if hasattr(self.draft, "step_batch") else None
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
-                              max_queue=max_queue, prefill_budget=prefill_budget)
+                              max_queue=max_queue, prefill_budget=prefill_budget, draft=draft)
         if warm:
             self._engine.warm()
         return self._engine
@@ -182,13 +183,15 @@ class Pipeline:
     def submit(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Completion:
         """Queue one request on the batching engine -> Completion (iterate it for text pieces; .generation,
         .cancel(), .wait()). Options as `generate`, validated here before anything is queued. The engine runs
-        the model-free drafts (draft="recycle" by default, "ngram", "none"); with k="auto" (recycle's default)
-        it sizes every step's speculation to the batch."""
+        the drafts (draft="recycle" by default, "ngram", "model", "none"); with k="auto" (recycle's default)
+        it sizes every step's speculation to the batch. draft="model" (a bundle with a draft model) drafts for
+        all such requests in shared draft calls (drafters.PoolDrafts)."""
         validate.option_names(opts, self.config)
         stop = validate.stop(stop)
-        if opts.get("draft") == "model":
-            raise OptionError("the batching engine drafts without a model (recycle, ngram or none); "
-                              "draft='model' runs through Pipeline.generate / stream")
+        if opts.get("draft") == "model" and self.draft is not None and not hasattr(self.draft, "step_batch"):
+            raise OptionError(f"the draft model on backend {self.backend!r} runs one sequence per call: in the "
+                              "batching engine use draft='recycle', 'ngram' or 'none'; draft='model' runs through "
+                              "Pipeline.generate / stream")
         if opts.get("draft") is None:
             opts = {**opts, "draft": self._free_draft()}
         cfg = self.config(**opts)
@@ -203,7 +206,7 @@ class Pipeline:
         ids, stop, cfg = c.request
         g = c.generation
         g.stats.prompt_tokens = len(ids)
-        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg),
+        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg), "model": RowDraft,
                    "none": lambda: None}[cfg.draft]()
         return Sequence(c, list(ids), cfg, TextStream(self.tokenizer, self.eos, stop, cfg.max_new_tokens, g),
                         drafter=drafter, pick=Picker(cfg.sampling))

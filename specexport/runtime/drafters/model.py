@@ -1,9 +1,12 @@
 """The draft-model drafter: a draft model of the bundle (separate checkpoint, early-exit slice, int4/int8
 copy) with its own KV ring buffer; it catches up on the tokens it has not seen, then proposes k. A self-draft
 with the target's KV layout (an int4/int8 copy) reads the target's cache instead (kv.SharedKV): no prefill
-and no cache of its own.
+and no cache of its own. In the batching engine a draft model drafts for every request at once instead
+(PoolDrafts: a KV pool of its own, one row per request, shared calls).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ...backends.base import Backend
 from ..kv import RingKV, SharedKV
@@ -50,3 +53,82 @@ class ModelDrafter:
         """Keep the draft's K/V whose inputs were committed: positions < n_before + min(a, k-1) (a shared
         cache starts from the target's at each proposal instead)."""
         self.cache.truncate(min(self.cache.n, n_before + min(a, k - 1)))
+
+
+class RowDraft:
+    """One request's draft-model proposals in the batching engine: made for every such request at once by
+    `PoolDrafts.run` before the step's target call, read by the engine as a chain (`propose`)."""
+
+    def __init__(self):
+        self.props: list = []
+
+    def propose(self, tokens: list[int], k: int, choose: Choose | None = None) -> Proposal:
+        return Proposal(self.props[:k], [None] * min(k, len(self.props)))
+
+
+class PoolDrafts:
+    """The draft model for the batching engine. Its KV pool's row r holds the draft's cache of the request on
+    the target pool's row r (reset at admission, moved with it). Every call feeds each drafting row one
+    token (T = 1: a fused graph's B-row calls take no more), its next token not yet in the draft's cache or
+    its latest proposal, so rows catching up on the tokens the target accepted and rows already proposing
+    share the calls: a step of k drafts costs k + (catch-up - 1) B-row draft calls, not k per request. A row
+    further behind (a new request's prompt, or steps that did not draft) first catches up alone in prefill
+    chunks. A proposal is the draft's argmax, or its Gumbel-max with the request's own noise when sampling
+    with "gumbel": a point mass, which the target's acceptance (runtime/accept) keeps lossless whatever it is."""
+
+    CATCHUP = 2  # tokens a row may be behind and still catch up in the shared calls
+
+    def __init__(self, model: Backend, rows: int):
+        self.model = model
+        self.pool = model.new_pool(rows)
+        self.calls: dict = {}  # B -> draft calls of B rows (Engine.stats "draft_batch")
+
+    def reset(self, r: int) -> None:
+        self.pool.n[r] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        """The request on row src moved to row dst of the target's pool: its draft cache follows."""
+        p, n = self.pool, int(self.pool.n[src])
+        p.data[:, :, dst, :, :n] = p.data[:, :, src, :, :n]
+        p.n[dst], p.high[dst], p.n[src] = n, max(int(p.high[dst]), n), 0
+
+    def run(self, want: list) -> float:
+        """want: (request, k) pairs (a request: .row, .ids, .pick, .drafter a RowDraft) -> seconds inside the
+        draft model; each request's drafter.props gets its k proposals."""
+        pool, spent, queue = self.pool, 0.0, {}
+        for s, k in want:
+            s.drafter.props = []
+            todo = s.ids[int(pool.n[s.row]):]  # never empty: the last token is fed with the drafts
+            if len(todo) > self.CATCHUP:
+                spent += feed(self.model, pool.row(s.row), todo[:-1])[1]
+                todo = todo[-1:]
+            queue[s.row] = (s, list(todo), k)
+        while queue:
+            B = self.model.batch_for(max(queue) + 1)
+            ids = np.zeros((B, 1), dtype=np.int64)
+            for r, (_, todo, _) in queue.items():
+                ids[r, 0] = todo[0]
+            out = self.model.step_batch(pool, ids, pool.n[:B].astype(np.int64)[:, None].copy())  # pad rows at their own n
+            spent += out.run_s
+            self.calls[B] = self.calls.get(B, 0) + 1
+            for r, (s, todo, k) in list(queue.items()):
+                pool.commit(r, out.new_kv, r, [0])
+                todo.pop(0)
+                if todo:
+                    continue
+                sp, pos = s.pick.sp, len(s.ids) + len(s.drafter.props)
+                t = s.pick.target(out.logits[r, 0], pos) if sp.greedy or sp.sampler == "gumbel" \
+                    else int(np.argmax(out.logits[r, 0]))
+                s.drafter.props.append(t)
+                if len(s.drafter.props) < k:
+                    todo.append(t)
+                else:
+                    del queue[r]
+        return spent
+
+    def accepted(self, s, a: int) -> None:
+        """Request s (before its emitted tokens are appended) accepted a of its proposals: keep the draft's K/V
+        of its tokens and of the accepted proposals it was fed (all but the last proposal were)."""
+        kd = len(s.drafter.props)
+        if kd:
+            self.pool.n[s.row] = min(int(self.pool.n[s.row]), len(s.ids) + min(a, kd - 1))
