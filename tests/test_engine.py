@@ -103,7 +103,7 @@ def test_draft_model_requests_match_solo(fixture, request):
         want = [solo(pipe, p, max_new_tokens=24, **kw) for p in PROMPTS]
         pipe.start_engine(max_batch=4, max_queue=8)
         doomed = pipe.submit(PROMPTS[0], max_new_tokens=40, draft="model", k=4, **kw)
-        cs = [pipe.submit(p, max_new_tokens=24, draft=d, k=2 if i % 2 else 4, **kw)
+        cs = [pipe.submit(p, max_new_tokens=24, draft=d, k="auto" if i == 5 else 2 if i % 2 else 4, **kw)
               for i, (p, d) in enumerate(zip(PROMPTS, drafts))]
         next(iter(doomed))
         doomed.cancel()

@@ -241,7 +241,8 @@ class Engine:
             d, dpool = self.drafts.model, self.drafts.pool
             for B in self.batch_sizes:
                 for _ in range(2):
-                    d.step_batch(dpool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64))
+                    out = d.step_batch(dpool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64))
+                self.drafts.costs.update(B, 1, out.run_s)
             for T in sorted(set(d.entry.profiles.values())):
                 d.step(dpool.row(0), [0] * T, 0, rows=[T - 1])
         if self.groups:  # mixed calls: decode rows + a prefill chunk (`_decode`), requests verifying apart
@@ -544,12 +545,27 @@ class Engine:
         B = self.target.batch_for(max(s.row for s in dec) + 1)
         if not want or not (apart or max(self.target.batch_ts(B)) > 1):
             return
-        pairs = [(s, min(s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
+        auto = self._model_k([s for s in want if s.cfg.adaptive], B)
+        pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
         pairs = [(s, k) for s, k in pairs if k > 0]
         if pairs:
             spent = self.drafts.run(pairs)
             for s, _ in pairs:
                 s.c.generation.stats.draft_s += spent / len(pairs)
+
+    def _model_k(self, auto: list[Sequence], B: int) -> int:
+        """The draft length this step for the requests drafting with the model and k="auto": the k of the built
+        verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
+        rate^k over them (rate: each one's running acceptance), per second of the target's (B, T) call plus
+        the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured."""
+        if not auto:
+            return 0
+        ts = sorted(t for name, t in self.target.entry.profiles.items()
+                    if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
+        dc = self.drafts.costs.cost(B, 1)
+        rates = [s.chain_rate for s in auto]
+        gain = lambda T: sum((1 - r ** T) / (1 - r) if r < 1 else T for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
+        return max(ts, key=gain, default=2) - 1
 
     def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k

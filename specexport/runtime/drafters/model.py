@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...backends.base import Backend
+from ..costs import StepCosts
 from ..kv import RingKV, SharedKV
 from ..prefill import feed
 from .base import Choose, Proposal
@@ -82,6 +83,7 @@ class PoolDrafts:
         self.model = model
         self.pool = model.new_pool(rows)
         self.calls: dict = {}  # B -> draft calls of B rows (Engine.stats "draft_batch")
+        self.costs = StepCosts()  # seconds of the draft's B-row calls (T = 1), by B
 
     def reset(self, r: int) -> None:
         self.pool.n[r] = 0
@@ -111,6 +113,7 @@ class PoolDrafts:
             out = self.model.step_batch(pool, ids, pool.n[:B].astype(np.int64)[:, None].copy())  # pad rows at their own n
             spent += out.run_s
             self.calls[B] = self.calls.get(B, 0) + 1
+            self.costs.update(B, 1, out.run_s)
             for r, (s, todo, k) in list(queue.items()):
                 pool.commit(r, out.new_kv, r, [0])
                 todo.pop(0)
