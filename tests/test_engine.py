@@ -111,8 +111,11 @@ def test_draft_model_requests_match_solo(fixture, request):
         assert [g.token_ids for g in got] == want
         assert doomed.wait(30).finish_reason in ("cancelled", "length")
         st = pipe.engine.stats()
-        assert st["running"] == 0 and sum(got[i].stats.proposed for i in (0, 1, 3, 5)) > 0, st
-        if fixture == "bundle_portable":  # B-row verify calls: the drafts of several requests share calls
+        assert st["running"] == 0, st
+        # on the fused bundle the model drafts only for a request alone or two verifying apart, which depends on
+        # timing (test_draft_model_in_the_engine_drafts_as_solo checks the drafting itself); the portable graph's
+        # B-row calls verify at any B, so the drafts of several requests always share calls there
+        if fixture == "bundle_portable":
             assert any(B > 1 for B in st["draft_batch"]), st
     pipe.close(10)
 
@@ -418,3 +421,29 @@ def test_paused_engine_decodes_plain_and_the_same_tokens(bundles):
     while eng.step():
         pass
     assert c.wait(1).token_ids == want[1] and c.generation.stats.proposed > 0
+
+
+def test_a_chain_priced_out_is_tried_again(bundles, monkeypatch):
+    """A chain's running acceptance is measured only on steps that verify it: an adaptive ngram request whose
+    rate fell to 0 (so plain decoding looked best) gets its drafts verified again later, its output unchanged;
+    without the pull towards the prior it would never speculate again."""
+    from specexport.runtime import engine as E
+
+    pipe = specexport.load(bundles["fused"])
+    prompt = "abc abc abc abc abc abc abc"
+    want = solo(pipe, prompt, max_new_tokens=40)
+    for pull, speculates in ((0.0, False), (E.CHAIN_PRIOR_PULL, True)):
+        monkeypatch.setattr(E, "CHAIN_PRIOR_PULL", pull)
+        eng = pipe.start_engine(max_batch=1)
+        eng._thread = True  # drive the loop by hand
+        # calls priced as on a real CPU (each extra row +10%), not by this tiny model's noisy timings
+        eng.costs.seen = {(1, T): 1 + 0.1 * (T - 1) for T in pipe.target.profile_ts}
+        eng.costs.update = lambda *a: None
+        c = pipe.submit(prompt, max_new_tokens=40, draft="ngram", k="auto")
+        eng.step()
+        eng._active[0].chain_rate = 0.0
+        while eng.step():
+            pass
+        g = c.wait(1)
+        assert g.token_ids == want
+        assert (g.stats.proposed > 0) == speculates, (pull, g.stats)

@@ -37,6 +37,10 @@ ADMIT_GAP_S, ADMIT_MAX_S = 0.010, 0.050  # how an idle engine collects a burst b
 # a request moves to a lower pool row (one copy of its cache) only with this many tokens still to go: one
 # row fewer in a call saves ~1.5 ms per step on SmolLM2, the copy of a few hundred cached tokens costs ~2 ms
 MOVE_MIN_LEFT = 4
+# a chain's running acceptance (ngram, draft model) is measured only on steps that verify it; a step that
+# offered a chain and verified none of it (its rate priced it out) pulls the rate this far towards the prior
+# 0.5, so that a request whose drafts missed for a while tries them again later instead of never
+CHAIN_PRIOR_PULL = 0.05
 
 
 class Completion:
@@ -604,6 +608,8 @@ class Engine:
         elif s.drafter is not None and n > 1:
             a = len(emitted) - 1
             s.chain_rate = 0.8 * s.chain_rate + 0.2 * (a / (n - 1))
+        elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
+            s.chain_rate += CHAIN_PRIOR_PULL * (0.5 - s.chain_rate)
         a = len(emitted) - 1
         st.steps += 1
         st.proposed += n - 1
