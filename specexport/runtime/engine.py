@@ -451,12 +451,12 @@ class Engine:
 
     def _decode(self, dec: list[Sequence], ride=None) -> None:
         apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1
-        if self.drafts is not None:
-            self._model_drafts(dec, apart)
-        if apart and self._verify_apart(dec):
-            return
         B = self.target.batch_for(max(s.row for s in dec) + 1)  # the rows [0, B) the call covers
         verify = max(self.target.batch_ts(B)) > 1  # a fused graph's B > 1 call runs T = 1: nothing to draft
+        if self.drafts is not None:
+            self._model_drafts(dec, B, apart or verify)
+        if apart and self._verify_apart(dec):
+            return
         trees = []
         for s in dec:
             room = s.cfg.max_new_tokens - s.emitted - 1 if verify else 0  # drafts beyond this could not be emitted
@@ -538,16 +538,15 @@ class Engine:
                 self._retire(s, "error", e)
         return True
 
-    def _model_drafts(self, dec: list[Sequence], apart: bool) -> None:
+    def _model_drafts(self, dec: list[Sequence], B: int, verifies: bool) -> None:
         """The draft model's proposals for this step's requests with draft="model", all in shared calls
         (PoolDrafts.run), before anyone builds a tree (`_draft` reads them); none when the step can verify
-        nothing (a fused B > 1 call decodes T = 1 only and no verify apart is possible), so the draft falls
-        behind and catches up in chunks when it drafts again."""
+        nothing (`verifies` False: a fused B > 1 call decodes T = 1 only and no verify apart is possible), so
+        the draft falls behind and catches up in chunks when it drafts again."""
         want = [s for s in dec if isinstance(s.drafter, RowDraft)]
         for s in want:
             s.drafter.props = []
-        B = self.target.batch_for(max(s.row for s in dec) + 1)
-        if not want or not (apart or max(self.target.batch_ts(B)) > 1):
+        if not want or not verifies:
             return
         auto = self._model_k([s for s in want if s.cfg.adaptive], B)
         pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]

@@ -172,11 +172,15 @@ class KVPool:
     def move(self, src: int, dst: int) -> None:
         """Move row src's committed slots to free row dst (the engine packs busy rows low, so that a call
         covers fewer rows) and free src."""
-        n = int(self.n[src])
         self.free.remove(dst)
+        self.copy_row(src, dst)
+        self.release(src)
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Row src's committed slots into row dst, which then holds as many (its free-list place unchanged)."""
+        n = int(self.n[src])
         self.data[:, :, dst, :, :n] = self.data[:, :, src, :, :n]
         self.n[dst], self.high[dst] = n, max(self.high[dst], n)
-        self.release(src)
 
     def row(self, r: int) -> "PoolRow":
         return PoolRow(self, r)

@@ -89,10 +89,10 @@ class PoolDrafts:
         self.pool.n[r] = 0
 
     def move(self, src: int, dst: int) -> None:
-        """The request on row src moved to row dst of the target's pool: its draft cache follows."""
-        p, n = self.pool, int(self.pool.n[src])
-        p.data[:, :, dst, :, :n] = p.data[:, :, src, :, :n]
-        p.n[dst], p.high[dst], p.n[src] = n, max(int(p.high[dst]), n), 0
+        """The request on row src moved to row dst of the target's pool: its draft cache follows (the draft
+        pool's rows mirror the target's, so its own free list is not used)."""
+        self.pool.copy_row(src, dst)
+        self.reset(src)
 
     def run(self, want: list) -> float:
         """want: (request, k) pairs (a request: .row, .ids, .pick, .drafter a RowDraft) -> seconds inside the
