@@ -8,6 +8,8 @@ import pytest
 import specexport
 from specexport.errors import OptionError, PromptTooLong, QueueFull
 from conftest import build_bundle
+from specexport.runtime import prefill
+from specexport.runtime.kv import KVPool
 
 PROMPTS = ["hello there, general", "abc abc abc abc abc", "The quick brown fox jumps over the lazy dog. The quick",
            "x", "1 2 3 4 5 6 7 8 9 1 2 3 4 5", "to be or not to be, that is the"]
@@ -328,6 +330,75 @@ def test_requests_at_the_capacity_share_calls(bundles):
         c = pipe.submit(ids[1], max_new_tokens=96 - len(ids[1]), draft="recycle", k=k)
         assert c.wait(60).token_ids == want[1] and c.generation.finish_reason in ("length", "eos"), c.error
 
+
+
+def test_a_padding_row_near_the_capacity(bundle_portable):
+    """A request whose prompt fills the cache up to 2 slots below the capacity sits on a row below a request
+    verifying 5-token drafts: in the call that completes that prompt its row is padding, and T must fit its
+    n + T too (the call covers it), or the call fails for both. Both == solo."""
+    pipe = specexport.load(bundle_portable)
+    d, p = pipe.encode(PROMPTS[1]), [5 + (i * 7) % 60 for i in range(94)]
+    want = [solo(pipe, d, max_new_tokens=96 - len(d)), solo(pipe, p, max_new_tokens=2)]
+    eng = pipe.start_engine(max_batch=3)
+    eng._thread = True  # driven by hand: the long prompt takes row 0 once the first request left it
+    first = pipe.submit(d, max_new_tokens=2, draft="none")
+    cd = pipe.submit(d, max_new_tokens=96 - len(d), draft="model", k=4)
+    while not first.done:
+        eng.step()
+    cp = pipe.submit(p, max_new_tokens=2, draft="none")
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in (cd, cp)] == want, (cd.error, cp.error)
+    assert cd.generation.stats.accepted > 0
+
+
+def test_a_padded_chunk_near_the_capacity_fits(bundle_noisy):
+    """A prefill chunk's padding must fit the capacity: 4 tokens at n = 92 of 96 would be one padded 5-token
+    call (the cheapest plan); only the profiles that fit are used (how the engine's draft rows catch up near
+    the capacity). Same logits as feeding them one by one."""
+    m = specexport.load(bundle_noisy).target
+    ids = [5 + (i * 7) % 60 for i in range(96)]
+    a, b = m.new_cache(), m.new_cache()
+    prefill.feed(m, a, ids[:92])
+    prefill.feed(m, b, ids[:92])
+    got, _ = prefill.feed(m, a, ids[92:])
+    for i in range(92, 96):
+        out = m.step(b, [ids[i]], i)
+        b.commit(out.new_kv, [0])
+    assert a.n == b.n == 96
+    np.testing.assert_allclose(got, out.logits[0], atol=1e-4)
+
+
+def test_a_cancelled_waiting_request_frees_its_place(bundles):
+    """With every row busy and the queue full, cancelling a waiting request frees its place at once: it
+    finishes "cancelled" and the next submit is taken (not QueueFull until a row frees)."""
+    pipe = specexport.load(bundles["fused"])
+    pipe.start_engine(max_batch=1, max_queue=1)
+    running = pipe.submit(PROMPTS[0], max_new_tokens=60, draft="none")
+    next(iter(running))
+    waiting = pipe.submit(PROMPTS[1], max_new_tokens=5)
+    with pytest.raises(QueueFull):
+        pipe.submit(PROMPTS[2], max_new_tokens=5)
+    waiting.cancel()
+    taken = pipe.submit(PROMPTS[2], max_new_tokens=5, draft="none")
+    assert waiting.wait(1).finish_reason == "cancelled" and not running.done
+    assert taken.wait(60).token_ids == solo(pipe, PROMPTS[2], max_new_tokens=5)
+    pipe.close(10)
+
+
+def test_the_pool_shrinks_to_the_bucket_its_rows_need():
+    """A bucketed pool moves down to the smallest bucket that holds twice what its rows need (and only down);
+    a fixed one never moves."""
+    pool = KVPool(1, 1, [32, 64, 128, 256], 2, rows=2)
+    pool.reserve(200)
+    assert pool.S == 256
+    pool.n[0] = 9  # the engine's need is never below a row's n
+    for need, S in ((150, 256), (100, 256), (60, 128), (40, 128), (10, 32)):
+        pool.shrink(need)
+        assert pool.S == S, (need, pool.S)
+    fixed = KVPool(1, 1, [32, 256], 2, rows=2, fixed=True)
+    fixed.shrink(1)
+    assert fixed.S == 256
 
 def test_calls_cover_the_busy_rows_only(bundles):
     """onnxruntime runs any B up to the largest built: 3 busy rows make a 3-row call, not a 4-row one. When the

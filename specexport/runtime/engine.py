@@ -174,6 +174,7 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise EngineClosed("the engine is shutting down and takes no new requests")
+            self._drop_cancelled()
             free = max(self.max_batch - len(self._active), 0)  # rows the loop is about to give to waiting ones
             if len(self._waiting) >= self.max_queue + free:
                 raise QueueFull(f"{len(self._active)} requests running and {len(self._waiting)} waiting "
@@ -351,6 +352,7 @@ class Engine:
 
     def _admit(self) -> None:
         with self._lock:
+            self._drop_cancelled()
             while self._waiting and len(self._active) < self.max_batch and self.pool.free:
                 c = self._waiting.popleft()
                 if c.cancelled:
@@ -367,6 +369,14 @@ class Engine:
                     self.drafts.reset(s.row)
                 self._active.append(s)
             self.pool.reserve(self._room())  # one growth for everyone admitted now, not one per bucket on the way
+
+    def _drop_cancelled(self) -> None:
+        """(lock held) Finish the waiting requests that were cancelled: their places in the queue free now,
+        not when a row frees and admission reaches them."""
+        if any(c.cancelled for c in self._waiting):
+            for c in [c for c in self._waiting if c.cancelled]:
+                self._waiting.remove(c)
+                c._finish("cancelled")
 
     def _room(self) -> int:
         """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
@@ -579,8 +589,9 @@ class Engine:
         return Tree.chain(s.ids, d.propose(s.ids, min(k, room)).tokens, s.chain_rate)  # ngram: node i scored rate ** i
 
     def _choose_T(self, B: int, dec: list[Sequence], trees: list[Tree]) -> int:
-        # a call's padding rows must fit too: near the capacity only the T that fit every row's n + T
-        room = self.pool.buckets[-1] - max(int(self.pool.n[s.row]) for s in dec)
+        # a call's padding rows must fit too: near the capacity only the T that fit n + T of every row the
+        # call covers (a row below the decoding ones may be a prompt that is part-way or just done)
+        room = self.pool.buckets[-1] - int(self.pool.n[:B].max())
         ts = [T for T in self.target.batch_ts(B) if T <= room] or [1]
         caps = [min(len(t), s.cfg.k + 1 if s.drafter is not None else 1) for s, t in zip(dec, trees)]
         if not any(s.cfg.adaptive for s in dec):

@@ -147,8 +147,8 @@ class KVPool:
 
     def shrink(self, need: int) -> None:
         """Move to a smaller bucket when every row fits in half of it or less (hysteresis: no back and forth)."""
-        b = next(b for b in self.buckets if b >= max(need, 1))
-        if not self.fixed and b < self.S and 2 * need <= b:
+        b = next((b for b in self.buckets if b >= 2 * max(need, 1)), self.buckets[-1])
+        if not self.fixed and b < self.S:
             self._resize(b)
 
     def views(self, B: int, first: int = 0) -> list[np.ndarray]:

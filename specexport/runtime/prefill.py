@@ -44,7 +44,8 @@ def feed_chunk(model: Backend, cache: RingKV, ids: list[int], i: int, limit: int
     profile while it fits, a padded remainder when padding costs less than more calls), with T <= `limit`
     when given (the engine's budget while others decode). Pad rows are never committed. Only the chunk's last
     row gets logits (a fused graph skips the LM head of the others: ~21% of a SmolLM2 row's FLOPs)."""
-    T, r = next_chunk(model, len(ids) - i, limit)
+    room = max(1, cache.buckets[-1] - cache.n)  # a padded chunk must fit too: near the capacity only the T that do
+    T, r = next_chunk(model, len(ids) - i, room if limit is None else min(limit, room))
     out = model.step(cache, ids[i:i + r] + [0] * (T - r), cache.n, rows=[r - 1])
     cache.commit(out.new_kv, range(r))
     return i, r, out
