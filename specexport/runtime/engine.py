@@ -403,7 +403,12 @@ class Engine:
         for s in pre:
             prompt = s.ids[:s.c.generation.stats.prompt_tokens]
             while budget > 0 and s.fed < len(prompt):
-                i, r, out = feed_chunk(self.target, s.cache, prompt, s.fed, self.prefill_budget if waiting else None)
+                try:  # a call of this request's row alone: its failure ends this request alone
+                    i, r, out = feed_chunk(self.target, s.cache, prompt, s.fed,
+                                           self.prefill_budget if waiting else None)
+                except BaseException as e:  # noqa: BLE001
+                    self._retire(s, "error", e)
+                    break
                 s.fed = i + r
                 s.c.generation.stats.prefill_s += out.run_s
                 budget -= r
@@ -468,9 +473,15 @@ class Engine:
         if apart and self._verify_apart(dec):
             return
         trees = []
-        for s in dec:
+        for s in list(dec):
             room = s.cfg.max_new_tokens - s.emitted - 1 if verify else 0  # drafts beyond this could not be emitted
-            trees.append(self._draft(s, room))
+            try:
+                trees.append(self._draft(s, room))
+            except BaseException as e:  # noqa: BLE001 -- one request's drafter failing ends it alone
+                self._retire(s, "error", e)
+                dec.remove(s)
+        if not dec:
+            return
         T = self._choose_T(B, dec, trees)
         ids = np.zeros((B, T), dtype=np.int64)
         pos = np.zeros((B, T), dtype=np.int64)
