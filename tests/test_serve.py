@@ -195,6 +195,9 @@ BAD_CHAT = [  # (create() keyword arguments, the parameter the 400 must name)
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      "messages[0].content[0]"),
     (dict(messages=[]), "messages"), (dict(max_tokens=1000), "messages"),
+    # a union's member ("str", "int") is not part of the parameter's name; True == 1 is not n=1
+    (dict(messages=[{"role": "user", "content": 5}]), "messages[0].content"), (dict(stop=5), "stop"),
+    (dict(extra_body={"k": "x"}), "k"), (dict(n=True), "n"), (dict(logprobs=0), "logprobs"),
 ]
 
 
@@ -215,6 +218,26 @@ def test_completions_refusals(url, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
         client(url).completions.create(**({"model": "tiny", "prompt": "Hi"} | kwargs))
     assert e.value.param == param
+
+
+def test_messages_of_refusals(url):
+    """A union parameter's 400 names every form it takes; a prompt with no room left says so without a
+    negative count; "stream": null is not streamed, as OpenAI allows."""
+    def post(body):
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    code, body = post({"model": "tiny", "messages": HI, "k": "x"})
+    assert code == 400 and "auto" in body["error"]["message"] and "integer" in body["error"]["message"], body
+    code, body = post({"model": "tiny", "messages": [{"role": "user", "content": "a " * 1500}]})
+    assert code == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert "-" not in body["error"]["message"].split("prompt and")[-1], body
+    code, body = post({"model": "tiny", "messages": HI, "max_tokens": 3, "stream": None})
+    assert code == 200 and body["object"] == "chat.completion", body
 
 
 def test_error_statuses_raise_the_clients_exception_classes(url):
@@ -300,11 +323,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_finishes_running_requests_then_exits_0(bundle):
+@contextmanager
+def serve_process(bundle, *flags):
+    """`specexport serve` as a subprocess on a free port -> (process, base URL) once /health is 200."""
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "specexport.cli", "serve", str(bundle), "--port", str(port),
-                             "--max-batch", "2", "--prefill-budget", "16"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.perf_counter()
@@ -316,6 +341,15 @@ def test_sigterm_finishes_running_requests_then_exits_0(bundle):
             except OSError:
                 pass
             time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_finishes_running_requests_then_exits_0(bundle):
+    with serve_process(bundle, "--max-batch", "2", "--prefill-budget", "16") as (proc, url):
         assert metric(url, "specexport_prefill_budget") == 16 and metric(url, "specexport_max_batch") == 2  # the flags
         c = client(url)
         stream = c.chat.completions.create(model="tiny", messages=HI, max_tokens=LONG, temperature=0, stream=True,
@@ -330,10 +364,43 @@ def test_sigterm_finishes_running_requests_then_exits_0(bundle):
         assert chunks[-1].usage.completion_tokens == LONG
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+
+def test_a_drain_that_runs_out_of_time_answers_503(bundle):
+    """--drain-timeout shorter than the running requests: at its end the engine cancels them and their
+    handlers, still alive, answer as serving.md says: a stream ends with an error event (the openai client
+    raises APIError) and [DONE], a request not streamed gets a 503 in OpenAI's error shape; exit status 0.
+    Ctrl-C (SIGINT) drains the same way."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with serve_process(bundle, "--max-batch", "2", "--drain-timeout", "0.2") as (proc, url):
+            c = client(url)
+            it = iter(c.chat.completions.create(model="tiny", messages=HI, max_tokens=980, temperature=0,
+                                                stream=True, extra_body={"draft": "none"}))
+            next(it)
+            req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
+                                         headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"model": "tiny", "messages": HI, "max_tokens": 980,
+                                                          "temperature": 0, "draft": "none"}).encode())
+            answer = {}
+
+            def post():
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        answer["status"] = r.status
+                except urllib.error.HTTPError as e:
+                    answer["status"], answer["body"] = e.code, json.loads(e.read())
+            poster = threading.Thread(target=post)
+            poster.start()
+            t0 = time.perf_counter()
+            while json.loads(get(url + "/health")[1])["engine"]["running"] < 2:  # both in the engine
+                assert time.perf_counter() - t0 < 10, get(url + "/health")
+                time.sleep(0.01)
+            proc.send_signal(sig)
+            with pytest.raises(openai.APIError, match="shutting down"):
+                list(it)
+            poster.join(30)
+            assert answer["status"] == 503 and answer["body"]["error"]["code"] == "cancelled", answer
+            assert proc.wait(timeout=30) == 0
 
 
 def test_bad_server_settings_are_refused_by_name(bundle):

@@ -25,6 +25,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import EngineClosed, PromptTooLong, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
@@ -96,6 +97,14 @@ class Service:
         if self.status == "ready":
             self.status = "draining"
 
+    def busy(self) -> bool:
+        """Whether the engine has requests running or queued."""
+        e = self.pipe._engine if self.pipe is not None else None
+        if e is None:
+            return False
+        st = e.stats()
+        return bool(st["running"] or st["queued"])
+
     def close(self, timeout: float = 5.0) -> None:
         self.drain()
         if self.pipe is not None:
@@ -133,10 +142,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_big
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_big
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_big
+    except ClientDisconnect:  # the client left mid-upload: nobody reads the answer, nothing to log as a bug
+        raise APIError(499, "the client closed the connection before the request body was complete",
+                       code="client_closed_request") from None
     return bytes(body)
 
 
@@ -163,9 +176,10 @@ def submit(svc: Service, pipe, req, chat: bool):
     room = capacity - len(ids)
     limit = req.limit() if req.limit() is not None else room  # chat without a limit: up to the capacity
     if limit > room or room < 1:
+        asks = (f"asks for {limit} more: shorten the prompt or lower max_tokens" if req.limit() is not None
+                else "leaves no room for a completion: shorten the prompt")
         raise bad_request(f"this model's maximum context length is {capacity} tokens; the request has "
-                          f"{len(ids)} in the prompt and asks for {limit} more: shorten the prompt or lower "
-                          f"max_tokens", param=prompt_param, code="context_length_exceeded")
+                          f"{len(ids)} in the prompt and {asks}", param=prompt_param, code="context_length_exceeded")
     opts = req.engine_options() | {"max_new_tokens": limit}
     try:
         return pipe.submit(ids, stop=req.stops(), **opts)
@@ -323,7 +337,9 @@ def create_app(cfg: ServeConfig, pipe=None) -> FastAPI:
             req = parse(ChatRequest if chat else CompletionRequest, await read_body(request, cfg.max_body_bytes))
             req.check_unsupported()
             svc.check_model(req.model)
-            c = submit(svc, pipe, req, chat)
+            # in a thread: the chat template and the tokeniser take ~1 s per MB of prompt, which on the event
+            # loop would stall every stream and /health meanwhile
+            c = await asyncio.to_thread(submit, svc, pipe, req, chat)
         except APIError as e:
             svc.metrics.refused(route, e.status)
             return _error_response(e)

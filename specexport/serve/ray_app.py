@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from ray import serve
 
+from .. import bundle
 from .app import ServeConfig, create_app, load_pipeline
 
 
@@ -39,19 +40,21 @@ def deployment(cfg: ServeConfig, replicas: int = 1):
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     if cfg.threads is None:  # replicas share the machine's cores: one onnxruntime thread each unless told
         cfg = replace(cfg, threads=1)
-    # a replica takes as many requests as its engine holds (rows + queue; 8 rows: a default build's largest
-    # batch); past that Ray queues them in the proxy rather than one replica answering 429 while another has room
+    # a replica takes as many requests as its engine holds (rows + queue; rows default to the bundle's largest
+    # batch, as the engine's); past that Ray queues them in the proxy rather than one replica answering 429
+    # while another has room
+    rows = cfg.max_batch or bundle.read(cfg.bundle, verify=False).batch_sizes[-1]
     return SpecExportReplica.options(
-        num_replicas=replicas, max_ongoing_requests=(cfg.max_batch or 8) + cfg.max_queue,
+        num_replicas=replicas, max_ongoing_requests=rows + cfg.max_queue,
         ray_actor_options={"num_cpus": cfg.threads},
         graceful_shutdown_timeout_s=cfg.drain_timeout).bind(cfg)
 
 
 def app_builder(args: dict):
     """For `serve run specexport.serve.ray_app:app_builder bundle=PATH [replicas=N max_batch=N max_queue=N
-    prefill_budget=N threads=N api_key=KEY model_name=NAME]`."""
+    prefill_budget=N threads=N drain_timeout=S api_key=KEY model_name=NAME]`."""
     ints = {"replicas", "max_batch", "max_queue", "prefill_budget", "threads", "port"}
-    a = {k: int(v) if k in ints else v for k, v in args.items()}
+    a = {k: int(v) if k in ints else float(v) if k == "drain_timeout" else v for k, v in args.items()}
     replicas = a.pop("replicas", 1)
     return deployment(ServeConfig(**a), replicas)
 

@@ -7,6 +7,8 @@ OpenAI defines but we do not implement is declared with the one value that means
 """
 from __future__ import annotations
 
+import re
+
 import time
 import uuid
 from typing import Any, Literal
@@ -33,10 +35,17 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+# pydantic puts the member of a union it tried into an error's location ("str", "list[str]",
+# "function-after[...]"): not a parameter name
+_MEMBER = re.compile(r"^(str|int|float|bool|none|literal\[.*|[a-z-]+\[.*\])$", re.IGNORECASE)
+
+
 def _param(loc: tuple) -> str:
-    """("messages", 0, "content") -> "messages[0].content" (how OpenAI names a nested parameter)."""
+    """("messages", 0, "content", "str") -> "messages[0].content" (how OpenAI names a nested parameter)."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and _MEMBER.match(part):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -54,7 +63,9 @@ def parse(model: type[BaseModel], body: bytes) -> BaseModel:
         param = _param(err["loc"])
         if err["type"] == "extra_forbidden":
             raise bad_request(f"unsupported parameter: {param}", param=param) from None
-        raise bad_request(f"invalid value for {param}: {err['msg']}", param=param) from None
+        # a union's members each refused the value: say every way it could have been right
+        msgs = list(dict.fromkeys(x["msg"] for x in e.errors(include_url=False) if _param(x["loc"]) == param))
+        raise bad_request(f"invalid value for {param}: {' or '.join(msgs)}", param=param) from None
 
 
 # ---- requests
@@ -84,7 +95,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2 ** 63)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False  # null as OpenAI allows: not streamed
     stream_options: StreamOptions | None = None
     user: str | None = None  # an end-user id for abuse monitoring: no effect on the output
     # extra fields of ours
@@ -105,7 +116,8 @@ class _Common(BaseModel):
     def check_unsupported(self) -> None:
         for name, off in UNSUPPORTED_UNLESS.items():
             v = getattr(self, name, None)
-            if v is not None and v not in off:
+            # by type too: True == 1 and 0 == False, but n=true or logprobs=0 are not the off values
+            if v is not None and not any(type(v) is type(o) and v == o for o in off):
                 raise bad_request(f"{name}={v!r} is not supported by this server", param=name)
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
