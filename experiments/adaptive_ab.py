@@ -1,0 +1,61 @@
+"""Issue 14's "the adaptive choice >= the better of plain-batched and fixed-k at every concurrency", measured
+interleaved: bursts of Spec-Bench prompts through one batching engine per level, draft "none", recycle with
+k="auto" and recycle with a fixed k alternated burst by burst (the order rotated each round).
+
+    python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
+        [--rounds 4] [--k 4]
+
+Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
+the other two, and whether every request's tokens are the same under all three (speculation never changes a
+token). The successor table starts empty for every burst (as the bench's load runs do).
+"""
+import argparse
+import json
+import time
+
+import numpy as np
+
+import specexport
+from specexport.bench.config import find_questions
+
+
+def burst(pipe, prompts, n, opts):
+    pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
+    t = time.perf_counter()
+    cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
+    toks = [c.wait(600).token_ids for c in cs]
+    return sum(len(x) for x in toks) / (time.perf_counter() - t), toks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bundle")
+    p.add_argument("--concurrency", default="2,4,8")
+    p.add_argument("--limit", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--k", type=int, default=4)
+    a = p.parse_args()
+    pipe = specexport.load(a.bundle, threads=2)
+    qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
+    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
+    methods = {"plain": {"draft": "none"}, "adaptive": {"draft": "recycle", "k": "auto"},
+               f"recycle-k{a.k}": {"draft": "recycle", "k": a.k}}
+    for level in (int(c) for c in a.concurrency.split(",")):
+        pipe.start_engine(max_batch=level, max_queue=len(prompts))
+        tps, outs = {m: [] for m in methods}, {}
+        for r in range(a.rounds):
+            order = list(methods)[r % 3:] + list(methods)[:r % 3]
+            for m in order:
+                rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
+                tps[m].append(rate)
+                outs.setdefault(m, toks)
+        med = {m: float(np.median(v)) for m, v in tps.items()}
+        same = all(o == outs["plain"] for o in outs.values())
+        line = ", ".join(f"{m} {med[m]:.1f} ({med[m] / max(v for k, v in med.items() if k != m):.2f}x the better "
+                         f"other; rounds {[round(x, 1) for x in tps[m]]})" for m in methods)
+        print(f"{a.bundle} c={level}: {line}; same tokens: {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
