@@ -190,7 +190,9 @@ def _int(x, where: str, lo: int, hi: int) -> int:
 
 
 def _num(x, where: str, finite: bool = True, lo: float = -math.inf) -> float:
-    if type(x) not in (int, float) or (finite and not math.isfinite(x)) or x < lo:
+    # an int beyond 2**53 is no measurement, and isfinite() of one past 1e308 raises OverflowError
+    if type(x) not in (int, float) or (type(x) is int and abs(x) > 2 ** 53) or (finite and not math.isfinite(x)) \
+            or x < lo:
         bound = f" >= {lo:g}" if lo > -math.inf else ""
         raise _bad(where, f"must be a {'finite ' if finite else ''}number{bound}", x)
     return x
@@ -619,6 +621,9 @@ def read(path: str | Path, verify: bool = True) -> Manifest:
     return m
 
 
+_OUTSIDE = re.compile(r'"(?:[^"\\]++|\\(?:.|\Z))*+(?:"|\Z)|[\[\]{}]', re.S)
+
+
 def _parse(raw: bytes, shown: Path) -> dict:
     """JSON with a nesting limit checked before parsing (json itself recurses once per level)."""
     try:
@@ -626,7 +631,10 @@ def _parse(raw: bytes, shown: Path) -> dict:
     except UnicodeDecodeError as e:
         raise BundleError(f"{shown} is not UTF-8 ({e.reason} at byte {e.start}): rebuild the bundle") from None
     depth = deepest = 0
-    for tok in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):  # brackets outside strings
+    # brackets outside strings; possessive, and a string may end at the end of the text: every match succeeds
+    # without backtracking, so the scan is linear even over an unclosed string full of escaped quotes (the
+    # plain "(?:[^"\\]|\\.)*" pattern took seconds per 32 KB there, and days at the 16 MiB limit)
+    for tok in _OUTSIDE.finditer(text):
         c = tok.group()
         depth += 1 if c in "[{" else -1 if c in "]}" else 0
         deepest = max(deepest, depth)

@@ -13,6 +13,17 @@ SHORT_NAMES_HELP = ("short names: llama-7b (huggyllama/llama-7b), llama-160m (Ja
                     "llama-68m (JackFram/llama-68m), smollm2-135m (the copy `specexport fetch-smollm2` writes)")
 
 
+def _k(s: str):
+    """--k of generate: an integer or auto (argparse names the type function in its error)."""
+    if s == "auto":
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes an integer (one of the bundle's verify k) or auto, got {s!r}") \
+            from None
+
+
 def _ks(s: str) -> tuple:
     try:
         return tuple(int(x) for x in s.split(",") if x.strip())
@@ -183,7 +194,7 @@ def parser() -> argparse.ArgumentParser:
                    "lookup tree verified in one call (recycle; no model), or none = plain decoding "
                    "(default: model if the bundle's draft is a separate checkpoint, else recycle: a self-draft of the "
                    "target was slower than recycle in every benchmark here)")
-    g.add_argument("--k", type=lambda x: x if x == "auto" else int(x), default=None,
+    g.add_argument("--k", type=_k, default=None,
                    help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
                    "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay); "
                    "with recycle: the most tree nodes per step (default: the largest profile; the size is chosen each step)")

@@ -122,6 +122,23 @@ def test_force_replaces(ckpts, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_force_replaces_only_a_bundle_or_an_empty_directory(ckpts, tmp_path):
+    """--force on a directory that is not a bundle (a typo'd --out, a home directory) is refused before any
+    work and the directory keeps its files; on an empty one it builds."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a bundle"):
+        build_bundle(victim, ckpts["target"], force=True)
+    assert (victim / "precious.txt").read_text() == "keep me"
+    with pytest.raises(ValueError, match="--capacity must be between"):
+        build_bundle(tmp_path / "huge", ckpts["target"], capacity=bundle.MAX_CAPACITY + 1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    build_bundle(empty, ckpts["target"], ks=(2,), force=True)
+    assert bundle.read(empty).target.verify_ks() == [2]
+
+
 def test_parity_failure_leaves_nothing(ckpts, tmp_path):
     with pytest.raises(ParityError, match="tolerance"):
         build_bundle(tmp_path / "b", ckpts["target"], tolerance=1e-12)

@@ -99,6 +99,14 @@ def test_manifest_file_itself(copy, doc, match):
         bundle.read(copy)
 
 
+def test_a_manifest_scanned_in_linear_time(copy):
+    """An unclosed string full of escaped quotes: the nesting scan before parsing backtracked over it
+    (5.8 s for 32 KB, days at the size limit); now refused at once."""
+    (copy / "manifest.json").write_text('"' + '\\"' * 2_000_000)
+    e = finishes(lambda: bundle.read(copy), seconds=5)
+    assert isinstance(e, BundleError) and "not valid JSON" in str(e), e
+
+
 def test_huge_manifest_refused_without_reading_it_whole(copy):
     with open(copy / "manifest.json", "wb") as f:
         f.truncate(bundle.MAX_MANIFEST_BYTES * 4)
@@ -137,6 +145,8 @@ def test_huge_manifest_refused_without_reading_it_whole(copy):
     (lambda d: d["models"]["target"]["notes"]["mixed"].update(graph="target.onnx"), "models.target.notes.mixed.graph"),
     (lambda d: d["models"]["target"]["notes"]["mixed"].update(groups=0), "models.target.notes.mixed.groups"),
     (lambda d: d["models"]["target"]["notes"]["mixed"].pop("max_abs"), "models.target.notes.mixed.max_abs is missing"),
+    (lambda d: d["models"]["target"]["notes"]["mixed"].update(max_abs=10 ** 400), "models.target.notes.mixed.max_abs"),
+    (lambda d: d["models"]["target"]["notes"].update(verify_drift=10 ** 400), "models.target.notes.verify_drift"),
     (lambda d: d["models"]["draft"]["notes"].update(mixed=d["models"]["target"]["notes"]["mixed"]),
      "models.draft.notes.mixed"),
 ])
@@ -323,6 +333,24 @@ def test_hash_valid_hostile_files_fail_at_load_as_bundle_errors(copy):
         m.target, arch={**m.target.arch, "vocab_size": 16})})
     with pytest.raises(BundleError, match="tokens but the target's vocabulary"):
         validate.tokenizer(copy, small)
+    # ids can be sparse: as many tokens as the vocabulary, one of them with an id past it (the target's
+    # embedding Gather failed at the first generate), or a special id the post-processor adds past it
+    V = m.target.arch["vocab_size"]
+    for name, change in (("vocab", lambda t: t["model"]["vocab"].update({next(iter(t["model"]["vocab"])): V + 5})),
+                         ("post_processor", lambda t: t.update(post_processor={
+                             "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<x>", "type_id": 0}},
+                                                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                             "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                             "special_tokens": {"<x>": {"id": "<x>", "ids": [V + 7], "tokens": ["<x>"]}}}))):
+        r = Path(shutil.copytree(copy, work / f"sparse-{name}"))
+        d = json.loads((r / "manifest.json").read_text())
+        t = json.loads((r / "tokenizer/tokenizer.json").read_text())
+        change(t)
+        (r / "tokenizer/tokenizer.json").write_text(json.dumps(t))
+        relist(r, d, "tokenizer/tokenizer.json")
+        (r / "manifest.json").write_text(json.dumps(d))
+        with pytest.raises(BundleError, match="past the target's vocabulary"):
+            specexport.load(r)
 
 
 # ---- API arguments
@@ -340,7 +368,7 @@ BAD_ARGS = [
     (dict(k="4"), "pass k=4"), (dict(k=-1), "k must be an integer"), (dict(k=0), "k must be"),
     (dict(k=3), "verify profiles for k in"), (dict(k=2.0), "k must be an integer"),
     (dict(temperature="0.7"), "pass temperature=0.7"), (dict(temperature=-1), "temperature"),
-    (dict(temperature=float("nan")), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-1), "top_k"),
+    (dict(temperature=float("nan")), "temperature"), (dict(temperature=10 ** 400), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-1), "top_k"),
     (dict(seed=-1), "seed"), (dict(seed=2 ** 63), "seed"), (dict(sampler="beam"), "sampler must be one of"),
     (dict(draft="magic"), "draft must be one of"), (dict(draft=1), "draft must be one of"),
     (dict(stop=""), r"stop\[0\] is empty"), (dict(stop=5), "stop must be a string"),

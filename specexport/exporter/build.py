@@ -96,8 +96,8 @@ class BuildConfig:
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
             raise ValueError(f"--k values must be integers >= 1, got {list(self.ks)}")
-        if self.capacity < 8:
-            raise ValueError(f"--capacity must be at least 8 slots, got {self.capacity}")
+        if not 8 <= self.capacity <= bundle.MAX_CAPACITY:  # the loader's bounds: say so before the export
+            raise ValueError(f"--capacity must be between 8 and {bundle.MAX_CAPACITY} slots, got {self.capacity}")
         if max(self.ks) + 1 >= self.capacity:
             raise ValueError(f"k={max(self.ks)} does not fit a capacity of {self.capacity}: verify needs k+1 "
                              "new slots and room for a prompt; lower --k or raise --capacity")
@@ -153,6 +153,13 @@ class ParityError(RuntimeError):
     pass
 
 
+def replaceable(out: Path) -> bool:
+    """Whether --force may replace `out`: a directory (not a link to one) that is empty or holds a manifest."""
+    if out.is_symlink() or not out.is_dir():
+        return False
+    return (out / bundle.MANIFEST).is_file() or not any(out.iterdir())
+
+
 def build(cfg: BuildConfig, log=None, progress: bool = False) -> Manifest:
     """Build the bundle into a work directory beside cfg.out and move it there complete (exporter/output.py:
     stale leftovers, the atomic --force swap, signals, permissions, disk errors). `log` takes the build's
@@ -166,6 +173,9 @@ def build(cfg: BuildConfig, log=None, progress: bool = False) -> Manifest:
         output.clean_stale(out, log)
         if os.path.lexists(out) and not cfg.force:
             raise FileExistsError(f"{out} already exists: pass --force to replace it, or choose another --out")
+        if os.path.lexists(out) and not replaceable(out):
+            raise FileExistsError(f"{out} is not a bundle (no {bundle.MANIFEST}) nor an empty directory: --force "
+                                  "replaces only those; remove it yourself or choose another --out")
         if cfg.engine:  # before minutes of export: say now that TensorRT or the GPU is missing
             from .tensorrt import environment
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import math
 import numbers
 from pathlib import Path
@@ -56,8 +57,15 @@ def integer(x, name: str, lo: int, hi: int | None = None, fix: str = "") -> int:
     return int(x)
 
 
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past 1e308
+        return False
+
+
 def real(x, name: str, lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False, fix: str = "") -> float:
-    ok = isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(x)
+    ok = isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and _finite(x)
     if not ok or (x <= lo if lo_open else x < lo) or x > hi:
         span = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if hi < math.inf else f">= {lo:g}"
         raise OptionError(f"{name} must be a finite number {span}, got {_got(x)}{_hint(name, x) or fix}")
@@ -227,4 +235,19 @@ def tokenizer(root: Path, m: bundle.Manifest):
     if n > V:
         raise BundleError(f"tokenizer file {name} has {n} tokens but the target's vocabulary "
                           f"(models.target.arch.vocab_size) is {V}: rebuild the bundle")
+    # ids can be sparse: the count fitting says nothing of the largest id, which the target would be fed
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=0)
+    special = max(_ints(json.loads(data).get("post_processor")), default=0)  # the ids it adds (bos, sep, ...)
+    if max(top, special) >= V:
+        raise BundleError(f"tokenizer file {name} has token id {max(top, special)}, past the target's vocabulary "
+                          f"of {V} (models.target.arch.vocab_size): rebuild the bundle")
     return tok
+
+
+def _ints(x) -> list:
+    """Every integer in a parsed JSON value."""
+    if isinstance(x, dict):
+        return [i for v in x.values() for i in _ints(v)]
+    if isinstance(x, list):
+        return [i for v in x for i in _ints(v)]
+    return [x] if type(x) is int else []
