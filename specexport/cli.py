@@ -174,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--engine-precision", choices=["fp32", "fp16", "bf16"], default="fp16",
                    help="TensorRT builder precision over the float32 ONNX graph")
     b.add_argument("--out", required=True, help="bundle directory to write")
-    b.add_argument("--force", action="store_true", help="replace --out if it exists")
+    b.add_argument("--force", action="store_true", help="replace --out if it is a bundle or an empty directory (anything else is refused)")
     b.set_defaults(fn=cmd_build)
 
     i = sub.add_parser("inspect", help="show a bundle's manifest")
