@@ -392,17 +392,21 @@ def test_a_drafter_that_raises_ends_its_request_alone(bundles, monkeypatch):
     kept); the request beside it in the same calls goes on, == solo."""
     from specexport.runtime.drafters.ngram import NgramDrafter
 
-    pipe = specexport.load(bundles["portable"])  # its B > 1 calls verify, so both requests draft every step
-    want = solo(pipe, PROMPTS[2], max_new_tokens=20)
-
     def broken(self, tokens, k):
         raise RuntimeError("drafter fault")
     monkeypatch.setattr(NgramDrafter, "propose", broken)
-    pipe.start_engine(max_batch=2)
-    bad, good = (pipe.submit(p, max_new_tokens=20, draft=d) for p, d in ((PROMPTS[1], "ngram"), (PROMPTS[2], "none")))
-    assert bad.wait(60).finish_reason == "error" and "drafter fault" in str(bad.error)
-    assert good.wait(60).token_ids == want
-    pipe.close(10)
+    # portable: its B > 1 calls verify, so both draft every step; fused: two requests draft to verify apart (the
+    # mixed graph), where the failure ends one of them before the call
+    for attention in ("portable", "fused"):
+        pipe = specexport.load(bundles[attention])
+        want = solo(pipe, PROMPTS[2], max_new_tokens=20)
+        pipe.start_engine(max_batch=2)
+        bad, good = (pipe.submit(p, max_new_tokens=20, draft=d)
+                     for p, d in ((PROMPTS[1], "ngram"), (PROMPTS[2], "none")))
+        assert bad.wait(60).finish_reason == "error" and "drafter fault" in str(bad.error)
+        assert good.wait(60).token_ids == want
+        assert pipe.engine.stats()["running"] == 0 and len(pipe.engine.pool.free) == 2
+        pipe.close(10)
 
 def test_the_pool_shrinks_to_the_bucket_its_rows_need():
     """A bucketed pool moves down to the smallest bucket that holds twice what its rows need (and only down);

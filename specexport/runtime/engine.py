@@ -472,6 +472,7 @@ class Engine:
             self._model_drafts(dec, B, apart or verify)
         if apart and self._verify_apart(dec):
             return
+        dec = [s for s in dec if s in self._active]  # one whose drafter failed there has ended
         trees = []
         for s in list(dec):
             room = s.cfg.max_new_tokens - s.emitted - 1 if verify else 0  # drafts beyond this could not be emitted
@@ -524,7 +525,15 @@ class Engine:
         batch of one, the others as groups: onnxruntime's attention takes several new tokens per row with a
         past only in a batch of one), if that beats one plain batched step -> whether it ran."""
         dec = sorted(dec, key=lambda s: s.row)
-        trees = [self._draft(s, s.cfg.max_new_tokens - s.emitted - 1) for s in dec]
+        trees = []
+        for s in list(dec):
+            try:
+                trees.append(self._draft(s, s.cfg.max_new_tokens - s.emitted - 1))
+            except BaseException as e:  # noqa: BLE001 -- one request's drafter failing ends it alone
+                self._retire(s, "error", e)
+                dec.remove(s)
+        if len(dec) < 2:
+            return False  # the rest decode in the plain step
         caps = [min(len(t), s.cfg.k + 1 if s.drafter is not None else 1) for s, t in zip(dec, trees)]
         if max(caps) < 2:
             return False
