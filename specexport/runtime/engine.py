@@ -373,10 +373,9 @@ class Engine:
     def _drop_cancelled(self) -> None:
         """(lock held) Finish the waiting requests that were cancelled: their places in the queue free now,
         not when a row frees and admission reaches them."""
-        if any(c.cancelled for c in self._waiting):
-            for c in [c for c in self._waiting if c.cancelled]:
-                self._waiting.remove(c)
-                c._finish("cancelled")
+        for c in [c for c in self._waiting if c.cancelled]:
+            self._waiting.remove(c)
+            c._finish("cancelled")
 
     def _room(self) -> int:
         """Slots the admitted requests may still need: prompt + max_new_tokens + one call's T (capped). The
@@ -473,14 +472,8 @@ class Engine:
         if apart and self._verify_apart(dec):
             return
         dec = [s for s in dec if s in self._active]  # one whose drafter failed there has ended
-        trees = []
-        for s in list(dec):
-            room = s.cfg.max_new_tokens - s.emitted - 1 if verify else 0  # drafts beyond this could not be emitted
-            try:
-                trees.append(self._draft(s, room))
-            except BaseException as e:  # noqa: BLE001 -- one request's drafter failing ends it alone
-                self._retire(s, "error", e)
-                dec.remove(s)
+        # drafts beyond max_new_tokens - emitted - 1 could not be emitted; none when the call cannot verify
+        trees = self._drafts(dec, lambda s: s.cfg.max_new_tokens - s.emitted - 1 if verify else 0)
         if not dec:
             return
         T = self._choose_T(B, dec, trees)
@@ -525,13 +518,7 @@ class Engine:
         batch of one, the others as groups: onnxruntime's attention takes several new tokens per row with a
         past only in a batch of one), if that beats one plain batched step -> whether it ran."""
         dec = sorted(dec, key=lambda s: s.row)
-        trees = []
-        for s in list(dec):
-            try:
-                trees.append(self._draft(s, s.cfg.max_new_tokens - s.emitted - 1))
-            except BaseException as e:  # noqa: BLE001 -- one request's drafter failing ends it alone
-                self._retire(s, "error", e)
-                dec.remove(s)
+        trees = self._drafts(dec, lambda s: s.cfg.max_new_tokens - s.emitted - 1)
         if len(dec) < 2:
             return False  # the rest decode in the plain step
         caps = [min(len(t), s.cfg.k + 1 if s.drafter is not None else 1) for s, t in zip(dec, trees)]
@@ -599,6 +586,18 @@ class Engine:
         rates = [s.chain_rate for s in auto]
         gain = lambda T: sum((1 - r ** T) / (1 - r) if r < 1 else T for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         return max(ts, key=gain, default=2) - 1
+
+    def _drafts(self, dec: list[Sequence], room) -> list[Tree]:
+        """Each request's draft tree (`_draft` with room(request)); a request whose drafter raises ends alone
+        ("error") and leaves `dec`, so trees and dec stay aligned."""
+        trees = []
+        for s in list(dec):
+            try:
+                trees.append(self._draft(s, room(s)))
+            except BaseException as e:  # noqa: BLE001 -- one request's drafter failing ends it alone
+                self._retire(s, "error", e)
+                dec.remove(s)
+        return trees
 
     def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k

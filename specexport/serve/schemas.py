@@ -8,7 +8,6 @@ OpenAI defines but we do not implement is declared with the one value that means
 from __future__ import annotations
 
 import re
-
 import time
 import uuid
 from typing import Any, Literal

@@ -3,7 +3,8 @@
 The port opens at once and answers 503 until the bundle is loaded (/health says "loading"). SIGTERM (or
 Ctrl-C) marks the service draining (new requests and /health: 503), uvicorn stops accepting connections and
 lets the engine's requests run up to `drain_timeout`, then cancels what is left (its handlers answer 503, or
-end their streams with an error event and [DONE]), and the process exits 0. A bundle that fails to load ends the server with exit status 1. The app itself lives in app.py.
+end their streams with an error event and [DONE]), and the process exits 0. A bundle that fails to load ends
+the server with exit status 1. The app itself lives in app.py.
 """
 from __future__ import annotations
 
