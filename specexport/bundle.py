@@ -423,7 +423,8 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
         want_in, want_out = ["input_ids", "position_ids", "past_mask", "new_mask"] + rows + kv, ["logits", "new_kv"]
     else:
         want_in = ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"] + kv
-        want_out = ["logits", "new_kv", "top_ids"] + ["present_" + n[len("past_"):] for n in kv]
+        want_out = ["logits", "new_kv", "top_ids"] + ["present_" + n[len("past_"):] for n in kv]  # new_kv: before
+        # 2026-12-03 (since then the K/V are only written in place)
     for side, specs, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
         _list(specs, f"{where}.{side}", 4 * L + 16)
         for i, s in enumerate(specs):
@@ -435,7 +436,8 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
                     raise _bad(f"{where}.{side}[{i}].shape[{j}]",
                                f"must be a size or one of {', '.join(DIM_NAMES)}", dim)
         names = [s["name"] for s in specs]
-        optional = ("logit_rows", "top_ids")  # bundles built before these have all-row logits, no top ids
+        # bundles built before these have all-row logits, no top ids; fused ones since have no new_kv
+        optional = ("logit_rows", "top_ids") + (("new_kv",) if attention == "fused" else ())
         if names != [n for n in want if n in names or n not in optional]:
             raise _bad(f"{where}.{side}", f"must be {', '.join(want[:8])}{', ...' if len(want) > 8 else ''} "
                        f"for a {L}-layer {attention} graph", ", ".join(names[:8]))
@@ -450,14 +452,15 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
     for n in kv:
         dims(n, {1: Hkv, 3: D})
     dims("logits", {2: V})
-    dims("new_kv", {0: L, 1: 2, 3: Hkv, 5: D})
+    if "new_kv" in spec:
+        dims("new_kv", {0: L, 1: 2, 3: Hkv, 5: D})
     if "top_ids" in spec:
         shape = spec["top_ids"]["shape"]
         k = shape[-1] if len(shape) == 3 else None  # [B, R, k]
         if type(k) is not int or not 1 <= k <= V:
             raise _bad(f"{where}: top_ids.shape[-1]", f"must be a count in [1, {V}]", k)
     for n, dt in (("input_ids", "int64"), ("position_ids", "int64"), ("logits", "float32"), ("new_kv", "float32")):
-        if spec[n]["dtype"] != dt:
+        if n in spec and spec[n]["dtype"] != dt:
             raise _bad(f"{where}: {n}.dtype", f"must be {dt}", spec[n]["dtype"])
 
 

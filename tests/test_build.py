@@ -39,20 +39,26 @@ def test_bundle_contents_and_weight_sharing(bundle_noisy, ckpts):
     names = [i["name"] for i in m.target.inputs]
     assert names[:6] == ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"]
     assert names[6] == "past_key.0"
-    assert [o["name"] for o in m.target.outputs][:4] == ["logits", "new_kv", "top_ids", "present_key.0"]
+    # no new_kv: the node rotates q and k itself and writes the new K/V into the cache only
+    assert [o["name"] for o in m.target.outputs][:3] == ["logits", "top_ids", "present_key.0"]
     graph = onnx.load(str(bundle_noisy / "target.onnx"), load_external_data=False).graph
-    assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == m.target.arch["num_layers"]
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == m.target.arch["num_layers"]
+    assert all({a.name: a.i for a in n.attribute}["do_rotary"] == 1 and n.input[9] == "position_ids" for n in gqa)
     # the fused graph also ranks each row's top-8 tokens (the recycle drafter's successor table reads them)
     from specexport.backends.ort import OrtBackend
 
     be = OrtBackend(bundle_noisy, m.target, m.buckets)
-    out = be.step(be.new_cache(), [3, 5, 7], 0)
+    whole = be.new_cache()
+    out = be.step(whole, [3, 5, 7], 0)
     assert out.top.shape == (3, 8) and (out.top == np.argsort(-out.logits, axis=1, kind="stable")[:, :8]).all()
     # logits of some rows only (a prefill chunk's last): the graph skips the LM head of the others
-    part = be.step(be.new_cache(), [3, 5, 7], 0, rows=[2])
+    cache = be.new_cache()
+    part = be.step(cache, [3, 5, 7], 0, rows=[2])
     assert part.logits.shape == (1, m.target.arch["vocab_size"]) and part.top.shape == (1, 8)
     np.testing.assert_allclose(part.logits[0], out.logits[2], atol=1e-5)
-    assert (part.top[0] == out.top[2]).all() and np.array_equal(part.new_kv, out.new_kv)
+    assert (part.top[0] == out.top[2]).all() and part.new_kv is None and out.new_kv is None
+    assert np.array_equal(cache.data[..., :3, :], whole.data[..., :3, :]) and cache.data[..., :3, :].any()
 
 
 def test_portable_attention_same_tokens(bundle_portable, bundle_noisy, tmp_path):

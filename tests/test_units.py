@@ -35,6 +35,27 @@ def test_ring_commit_rollback_and_growth():
         c.truncate(5)
 
 
+def test_commit_of_rows_written_in_place():
+    """A fused graph writes a step's T rows at slots n..n+T-1 itself (new_kv None): commit moves the accepted
+    ones down to n, n+1, ... (a tree's path skips nodes) and leaves the rest as free slots."""
+    from specexport.runtime.kv import KVPool
+
+    c = RingKV(2, 1, [16], 2)
+    c.commit(kv_rows(3, 100), [0, 1, 2])
+    c.data[..., 3:9, :] = (200 + np.arange(6, dtype=np.float32))[:, None]  # the step's 6 nodes, in place
+    c.commit(None, [0, 2, 5])  # the accepted path: nodes 0, 2, 5
+    assert c.n == 6 and c.data[1, 1, 0, 0, :6, 0].tolist() == [100, 101, 102, 200, 202, 205]
+    c.commit(None, [0, 1])  # a chain's accepted prefix: already in its slots
+    assert c.n == 8 and c.data[0, 0, 0, 0, 6:8, 1].tolist() == [203, 204]
+    pool = KVPool(2, 1, [16], 2, rows=3, fixed=True)
+    pool.n[:] = [4, 2, 0]
+    pool.data[:, :, 1, :, 2:6] = (300 + np.arange(4, dtype=np.float32))[:, None]
+    before = pool.data.copy()
+    pool.commit(1, None, 1, [0, 3])
+    assert pool.n.tolist() == [4, 4, 0] and pool.data[0, 1, 1, 0, 2:4, 0].tolist() == [300, 303]
+    assert np.array_equal(pool.data[:, :, [0, 2]], before[:, :, [0, 2]])  # other rows untouched
+
+
 def test_ring_wraps_at_capacity():
     c = RingKV(1, 1, [4], 1)
     c.commit(kv_rows(4, 0, L=1, D=1), range(4))

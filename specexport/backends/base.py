@@ -17,7 +17,8 @@ from ..runtime.kv import KVPool, RingKV
 
 class StepOut(NamedTuple):
     logits: np.ndarray  # [T,V] float32; [len(rows),V] when the step was asked for some rows only
-    new_kv: np.ndarray  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens
+    new_kv: np.ndarray | None  # [L,2,B,Hkv,T,D] K (rotated) and V of the T new tokens; None: written in place
+    # at slots n..n+T-1 of each row (a fused graph), where commit finds them
     run_s: float  # seconds inside the backend's run call
     top: np.ndarray | None = None  # [T,k] int64 each row's largest logits first, when the graph outputs them
 

@@ -37,6 +37,9 @@ class OrtBackend(BackendBase):
                                "--target-activations float32")
         self.root, self._mixed = root, None
         self.fixed_pool = self.fused  # GroupQueryAttention reads each row's n slots whatever S is
+        # a fused graph without a new_kv output (built since 2026-12-03): its K/V are only written in place,
+        # so commit moves them within the cache (StepOut.new_kv None)
+        self.in_place = self.fused and "new_kv" not in {o.name for o in self.session.get_outputs()}
         self.top_k = next((o["shape"][-1] for o in entry.outputs if o["name"] == "top_ids"), 0)
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
         if entry.attention not in ("fused", "portable", "slots"):
@@ -62,7 +65,7 @@ class OrtBackend(BackendBase):
         only (default all T; a fused graph then skips the LM head of the others).
 
         Committed slots are read, never written (a fused graph writes this step's K/V into the free slots
-        after them): commit the rows you accept with cache.commit(new_kv, rows)."""
+        after them): commit the rows you accept with cache.commit(out.new_kv, rows), before the next call."""
         T = len(ids)
         self.check_profile(T)
         if self.pad_decode and T == 1:
@@ -88,7 +91,8 @@ class OrtBackend(BackendBase):
     def _step_fused(self, cache: RingKV, ids, start, new_mask, positions, rows) -> StepOut:
         """GroupQueryAttention graph: the cache's layer buffers are bound as both past and present, so the
         node attends over slots [0, n) + the new tokens and writes their K/V into slots n..n+T-1, which are
-        free (committed rows are copied from new_kv as for the portable graph). No wrap-around: n+T <= S."""
+        free (commit moves the accepted ones down within the cache, or copies them from new_kv where an
+        older graph outputs it). No wrap-around: n+T <= S."""
         T, n = len(ids), cache.n
         if n + T > cache.S:
             raise ValueError(f"{self.entry.role}: {n} cached + {T} new tokens exceed the capacity {cache.S} "
@@ -101,14 +105,20 @@ class OrtBackend(BackendBase):
             feeds["logit_rows"] = logit_rows(T, rows)
             R = len(feeds["logit_rows"])
         logits = np.empty((1, R, self.vocab), dtype=np.float32)
-        L, Hkv, D = self.dims
-        new_kv = np.empty((L, 2, 1, Hkv, T, D), dtype=np.float32)
-        outs = {"logits": logits, "new_kv": new_kv}
+        outs = {"logits": logits}
+        new_kv = outs["new_kv"] = self._new_kv(1, T)
         if self.top_k:
             outs["top_ids"] = np.empty((1, R, self.top_k), dtype=np.int64)
         run_s = self._run_bound(self._binding(cache), feeds, outs)
         out = StepOut(logits[0], new_kv, run_s, outs["top_ids"][0] if self.top_k else None)
         return out if self.row_input else out.only(rows)
+
+    def _new_kv(self, B: int, T: int) -> np.ndarray | None:
+        """The new_kv output's buffer [L,2,B,Hkv,T,D], or None for a graph that writes in place only."""
+        if self.in_place:
+            return None
+        L, Hkv, D = self.dims
+        return np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)
 
     def _run_bound(self, io, feeds: dict, outs: dict, session=None) -> float:
         """Bind the step's small inputs and preallocated outputs to `io` (its cache already bound), run ->
@@ -116,7 +126,8 @@ class OrtBackend(BackendBase):
         for name, a in feeds.items():
             io.bind_cpu_input(name, a)
         for name, a in outs.items():
-            io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
+            if a is not None:
+                io.bind_output(name, "cpu", 0, a.dtype.type, list(a.shape), a.ctypes.data)
         t = time.perf_counter()
         (session or self.session).run_with_iobinding(io)
         return time.perf_counter() - t
@@ -182,9 +193,7 @@ class OrtBackend(BackendBase):
         if self.row_input:
             feeds["logit_rows"] = logit_rows(T, pick)
         R = len(feeds["logit_rows"]) if self.row_input else T
-        L, Hkv, D = self.dims
-        outs = {"logits": np.empty((B, R, self.vocab), dtype=np.float32),
-                "new_kv": np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)}
+        outs = {"logits": np.empty((B, R, self.vocab), dtype=np.float32), "new_kv": self._new_kv(B, T)}
         if self.top_k:
             outs["top_ids"] = np.empty((B, R, self.top_k), dtype=np.int64)
         run_s = self._run_bound(self._pool_binding(pool, B, first), feeds, outs)
@@ -221,7 +230,7 @@ class OrtBackend(BackendBase):
             except Exception as e:  # noqa: BLE001 -- whatever onnxruntime raises on a bad graph
                 raise BundleError(f"{self.entry.mixed['graph']}: onnxruntime cannot load the mixed graph "
                                   f"({str(e)[:300]}): rebuild the bundle") from None
-            want = mixed_names(self.kv_names, self.groups)
+            want = mixed_names(self.kv_names, self.groups, new_kv=not self.in_place)
             got = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
             if got != want:
                 raise BundleError(f"{self.entry.mixed['graph']}: its inputs/outputs are not those of a mixed graph "
@@ -258,7 +267,7 @@ class OrtBackend(BackendBase):
         feeds["logit_rows"] = logit_rows(T, rows)
         L, Hkv, D = self.dims
         R = len(feeds["logit_rows"])
-        sizes, kvs = [B * R], [np.empty((L, 2, B, Hkv, T, D), dtype=np.float32)]
+        sizes, kvs = [B * R], [self._new_kv(B, T)]
         for j in range(1, P + 1):
             if j <= len(group):
                 r, g_ids, g_pos, g_mask, g_rows = group[j - 1]
@@ -272,7 +281,7 @@ class OrtBackend(BackendBase):
                 f["logit_rows"] = np.zeros(0, dtype=np.int64)
             feeds.update({f"{k}.{j}": v for k, v in f.items()})
             sizes.append(len(f["logit_rows"]))
-            kvs.append(np.empty((L, 2, 1, Hkv, f["input_ids"].shape[1], D), dtype=np.float32))
+            kvs.append(self._new_kv(1, f["input_ids"].shape[1]))
         key = ("mixed", id(self), B, first, tuple(g[0] for g in group))
         io = pool.scratch.get(key)
         if io is None:
@@ -290,7 +299,7 @@ class OrtBackend(BackendBase):
         logits = np.empty((sum(sizes), self.vocab), dtype=np.float32)
         top = np.empty((sum(sizes), self.top_k), dtype=np.int64)
         outs = {"logits": logits, "top_ids": top, "new_kv": kvs[0]}
-        outs.update({f"new_kv.{j}": kvs[j] for j in range(1, P + 1)})
+        outs.update({f"new_kv.{j}": kvs[j] for j in range(1, P + 1)})  # None (not bound): written in place
         run_s = self._run_bound(io, feeds, outs, self._mixed_session())
         cut = np.cumsum(sizes)[:-1]
         ls, ts = np.split(logits, cut), np.split(top, cut)
@@ -314,7 +323,7 @@ def pad_decode(ids: np.ndarray, positions, rows):
     rows = [0] if rows is None else rows  # the pad's logits are never wanted
 
     def real(out: StepOut) -> StepOut:
-        return out._replace(new_kv=out.new_kv[..., :1, :])
+        return out if out.new_kv is None else out._replace(new_kv=out.new_kv[..., :1, :])
     return ids, positions, None, rows, real  # new_mask None: causal, the token sees itself, the pad both
 
 
@@ -368,11 +377,12 @@ def fused_feeds(n: np.ndarray, ids: np.ndarray, positions: np.ndarray, new_mask)
             "seqlens_k": (n + T - 1).astype(np.int32), "total_len": np.array(total, dtype=np.int32)}
 
 
-def mixed_names(kv_names: list, groups: int) -> tuple[list, list]:
-    """The mixed graph's input and output names in order (exporter/onnx.py writes them so)."""
+def mixed_names(kv_names: list, groups: int, new_kv: bool = False) -> tuple[list, list]:
+    """The mixed graph's input and output names in order (exporter/onnx.py writes them so; `new_kv`: a
+    bundle built before the new tokens' K/V were only written in place also outputs them)."""
     per = ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"]
     present = ["present_" + n[len("past_"):] for n in kv_names]
     ins = per + kv_names + [f"{n}.{j}" for j in range(1, groups + 1) for n in per + kv_names]
-    outs = (["logits", "top_ids", "new_kv"] + [f"new_kv.{j}" for j in range(1, groups + 1)] + present
-            + [f"{n}.{j}" for j in range(1, groups + 1) for n in present])
+    outs = (["logits", "top_ids"] + (["new_kv"] + [f"new_kv.{j}" for j in range(1, groups + 1)] if new_kv else [])
+            + present + [f"{n}.{j}" for j in range(1, groups + 1) for n in present])
     return ins, outs

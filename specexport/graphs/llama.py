@@ -101,27 +101,30 @@ class Attention(nn.Module):
         return self.o_proj(o), k, v
 
     def fused(self, x, rope, past_k, past_v, bias, seqlens_k, total_len):
-        """The same attention as one onnxruntime GroupQueryAttention node (export only): it reads the first
-        total_len slots of past_k/v, writes this step's K/V into slots total_len-T.. in place (the runtime
-        binds past and present to one buffer) and adds `bias` [B,1,T,total_len] (the tree mask) to its
-        causal mask. Returns (output, k, v, present_k, present_v)."""
-        o, k, v, pk, pv = self.gqa(self.qkv_proj(x), rope, past_k, past_v, bias, seqlens_k, total_len)
-        return self.o_proj(o), k, v, pk, pv
+        """The same attention as one onnxruntime GroupQueryAttention node (export only): it rotates q and k
+        itself, reads the first total_len slots of past_k/v, writes this step's K/V into slots total_len-T..
+        in place (the runtime binds past and present to one buffer) and adds `bias` [B,1,T,total_len] (the
+        tree mask) to its causal mask. rope: FusedStep.rope's (cos table, sin table, positions [B,T]).
+        Returns (output, present_k, present_v)."""
+        o, pk, pv = self.gqa(self.qkv_proj(x), rope, past_k, past_v, bias, seqlens_k, total_len)
+        return self.o_proj(o), pk, pv
 
     def gqa(self, qkv, rope, past_k, past_v, bias, seqlens_k, total_len):
         """`fused` from the stacked projection qkv [B,T,(H+2Hkv)*D] up to the node's output [B,T,H*D] (before
-        o_proj): the mixed graph projects every group's tokens in one MatMul and attends per group."""
+        o_proj): the mixed graph projects every group's tokens in one MatMul and attends per group. The node
+        takes q, k and v packed as projected and rotates q and k at the given positions (a tree's tokens sit
+        at their depth, not their index) from cos/sin tables indexed by position: one node per layer where
+        the rotary as graph ops was eight (split, multiply, rotate, add, reshape), each an onnxruntime kernel
+        launch of a few microseconds on tensors of a few KB."""
         c = self.c
         B, T, _ = qkv.shape
-        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        q, k, v = self.split(qkv, rope)
+        cos, sin, positions = rope
         o, pk, pv = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
-            [q.reshape(B, T, H * D), k.reshape(B, T, Hkv * D), v.reshape(B, T, Hkv * D), past_k, past_v,
-             seqlens_k, total_len, None, None, None, bias],
-            dict(num_heads=H, kv_num_heads=Hkv, scale=1.0),  # q rows are pre-scaled (stack_projections)
-            dtypes=[qkv.dtype] * 3, shapes=[(B, T, H * D), past_k.shape, past_v.shape], version=1)
-        return o, k.transpose(1, 2), v.transpose(1, 2), pk, pv
+            [qkv, None, None, past_k, past_v, seqlens_k, total_len, cos, sin, positions, bias],
+            dict(num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, scale=1.0, do_rotary=1),  # q rows pre-scaled
+            dtypes=[qkv.dtype] * 3, shapes=[(B, T, c.num_heads * c.head_dim), past_k.shape, past_v.shape], version=1)
+        return o, pk, pv
 
 
 class MLP(nn.Module):
@@ -148,8 +151,11 @@ class Layer(nn.Module):
 
     def forward(self, x, rope, past_k, past_v, bias, fused=None, place=None):
         h = self.input_layernorm(x)
-        a, k, v, *present = (self.self_attn.fused(h, rope, past_k, past_v, bias, *fused) if fused
-                             else self.self_attn(h, rope, past_k, past_v, bias, place))
+        if fused:
+            a, *present = self.self_attn.fused(h, rope, past_k, past_v, bias, *fused)
+            k = v = None
+        else:
+            (a, k, v), present = self.self_attn(h, rope, past_k, past_v, bias, place), []
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v, present
@@ -238,6 +244,13 @@ class SlotsStep(nn.Module):
         return self.g(input_ids, position_ids, past_mask, new_mask, past_kv, logit_rows)
 
 
+def rope_tables(g: "LlamaGraph", positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GroupQueryAttention's rotary tables: cos and sin [positions, D/2] float32 of position * inv_freq (the
+    same float32 products as LlamaGraph.rope, times the rope's attention scaling), constants of the graph."""
+    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * g.inv_freq[None]
+    return freqs.cos() * g.c.rope_scaling, freqs.sin() * g.c.rope_scaling
+
+
 class FusedStep(nn.Module):
     """The step with onnxruntime's GroupQueryAttention (export only; `attention="fused"` bundles):
       inputs   input_ids, position_ids as LlamaGraph; attn_bias float [B,1,T,n+T] (0 or -inf: which of the
@@ -245,28 +258,31 @@ class FusedStep(nn.Module):
                total_len int32 [] = n+T; logit_rows int64 [R]: the rows that get logits (all T for a verify
                step; the last only for a prefill chunk nobody reads the rest of: the LM head is ~21% of a
                SmolLM2 row's FLOPs); past_kv 2L x [B,Hkv,S,D], slots [0,n) valid, S >= n+T
-      outputs  logits [B,R,V] of logit_rows, new_kv as LlamaGraph; top_ids int64 [B,R,TOPK]: each row's
-               largest logits, largest first (what the recycle drafter learns, computed here instead of in
-               Python); then
-               present_key/value.i: the SAME buffers as past_kv (bind them so; the node writes slots
-               n..n+T-1 in place, which are free: rollback is unchanged)."""
+      outputs  logits [B,R,V] of logit_rows; top_ids int64 [B,R,TOPK]: each row's largest logits, largest
+               first (what the recycle drafter learns, computed here instead of in Python); then
+               present_key/value.i: the SAME buffers as past_kv (bind them so; the node writes the T new
+               tokens' K (rotated) and V into slots n..n+T-1 in place, which are free: commit moves the
+               accepted ones to n, n+1, ..., and rollback is unchanged).
+    `positions`: the rotary tables' length (positions [0, positions) can be fed; twice the capacity)."""
 
-    def __init__(self, g: LlamaGraph):
+    def __init__(self, g: LlamaGraph, positions: int):
         super().__init__()
         self.g = g
+        cos, sin = rope_tables(g, positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv: list):
         g = self.g
         x = g.model.embed_tokens(input_ids)
-        rope = g.rope(position_ids, x.dtype)
+        rope = (self.cos, self.sin, position_ids)
         bias = attn_bias.to(x.dtype)
-        kv, present = [], []
+        present = []
         for i, layer in enumerate(g.model.layers):
-            x, k, v, p = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, fused=(seqlens_k, total_len))
-            kv += [k, v]
+            x, _, _, p = layer(x, rope, past_kv[2 * i], past_kv[2 * i + 1], bias, fused=(seqlens_k, total_len))
             present += p
-        logits, new_kv = g.head(x.index_select(1, logit_rows), kv)
-        return logits, new_kv, torch.topk(logits, TOPK, dim=-1).indices, *present
+        logits = g.lm_head(g.model.norm(x.index_select(1, logit_rows))).float()
+        return logits, torch.topk(logits, TOPK, dim=-1).indices, *present
 
 
 class MixedStep(nn.Module):
@@ -280,28 +296,28 @@ class MixedStep(nn.Module):
                attn_bias.j [1,1,Tj,nj+Tj], seqlens_k.j [1], total_len.j [], logit_rows.j [Rj] (may be
                empty), past_key/value.i.j [1,Hkv,Sj,D]
       outputs  logits [B*R + sum Rj, V]: the batch's rows, then each group's; top_ids [.., TOPK] likewise;
-               new_kv [L,2,B,Hkv,T,D] and new_kv.j [L,2,1,Hkv,Tj,D]; present_key/value.i (the batch's) and
-               present_key/value.i.j: the same buffers as the pasts, as in FusedStep.
+               present_key/value.i (the batch's) and present_key/value.i.j: the same buffers as the pasts,
+               written in place as in FusedStep.
     A group's row of the pool also sits in the batch (rows [0, B) are contiguous): the runtime feeds it there
     as padding whose one write lands past the group's tokens, and reads nothing of it."""
 
-    def __init__(self, g: LlamaGraph, groups: int):
+    def __init__(self, g: LlamaGraph, groups: int, positions: int):
         super().__init__()
         self.g, self.groups = g, groups
+        cos, sin = rope_tables(g, positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv: list,
                 groups: list):
         g, c = self.g, self.g.c
         E = c.hidden_size
-        B, T = input_ids.shape
         calls = [(input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv)] + list(groups)
         shapes = [tuple(a[0].shape) for a in calls]
         sizes = [b * t for b, t in shapes]
         # [1,N,E], N = all tokens: 3-D as in FusedStep, so the projections are the same MatMuls (same kernels,
         # same numbers) as the fused graph's
         x = torch.cat([g.model.embed_tokens(a[0]).reshape(1, -1, E) for a in calls], dim=1)
-        ropes = [g.rope(a[1], x.dtype) for a in calls]
-        kv = [[] for _ in calls]
         present = [[] for _ in calls]
         for i, layer in enumerate(g.model.layers):
             at = layer.self_attn
@@ -309,19 +325,16 @@ class MixedStep(nn.Module):
             outs = []
             for j, (part, a) in enumerate(zip(torch.split(qkv, sizes, dim=1), calls)):
                 b, t = shapes[j]
-                o, k, v, pk, pv = at.gqa(part.reshape(b, t, -1), ropes[j], a[6][2 * i], a[6][2 * i + 1],
-                                         a[2].to(x.dtype), a[3], a[4])
+                o, pk, pv = at.gqa(part.reshape(b, t, -1), (self.cos, self.sin, a[1]), a[6][2 * i],
+                                   a[6][2 * i + 1], a[2].to(x.dtype), a[3], a[4])
                 outs.append(o.reshape(1, b * t, -1))
-                kv[j] += [k, v]
                 present[j] += [pk, pv]
             x = x + at.o_proj(torch.cat(outs, dim=1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         rows = [x_j.reshape(b, t, E).index_select(1, a[5]).reshape(1, -1, E)  # the rows that get logits
                 for x_j, (b, t), a in zip(torch.split(x, sizes, dim=1), shapes, calls)]
         logits = g.lm_head(g.model.norm(torch.cat(rows, dim=1))).float()[0]  # one LM-head MatMul for all
-        new_kv = [torch.stack(k).view(c.num_layers, 2, *k[0].shape) for k in kv]
-        return (logits, torch.topk(logits, TOPK, dim=-1).indices, *new_kv,
-                *[p for ps in present for p in ps])
+        return (logits, torch.topk(logits, TOPK, dim=-1).indices, *[p for ps in present for p in ps])
 
 
 def stack_projections(sd: dict, num_layers: int, q_scale: float = 1.0) -> dict:

@@ -2,9 +2,12 @@
 
 The token at absolute position p lives in slot p mod S. `n` is the committed length: positions [0, n) are
 in the cache (only the last S of them, for a sliding-window model). A step's new K/V come back from the
-graph as new_kv [L,2,B,Hkv,T,D]; `commit` copies the accepted rows into their slots and advances n.
-Rejected rows are never committed (a fused step writes its rows into the free slots after n, where the
-next step overwrites them), so rollback is simply committing fewer rows.
+graph as new_kv [L,2,B,Hkv,T,D]; `commit` copies the accepted rows into their slots and advances n. A fused
+graph instead writes its T rows into the free slots n..n+T-1 itself (new_kv None): `commit` then moves the
+accepted rows down to n, n+1, ... within the buffer (nothing to move when they are the first ones: a chain's
+accepted prefix, a prefill chunk, a decode token), so it must come before anything else writes those slots.
+Rejected rows are never committed (the next step overwrites their free slots), so rollback is simply
+committing fewer rows.
 Keys are stored already rotated at their absolute position, so wrap-around needs no re-rotation.
 
 Capacity buckets: the buffer starts at the smallest bucket and `reserve` moves it to the next bucket when
@@ -51,13 +54,20 @@ class RingKV:
         """past_mask [B,S]: slots holding one of the last min(n, S) committed positions."""
         return (self._slot < self.n)[None] if self.n <= self.S else np.ones((1, self.S), dtype=bool)
 
-    def commit(self, new_kv: np.ndarray, rows, count: int | None = None) -> None:
-        """Write new_kv rows `rows` (indices into T) at positions n, n+1, ... and advance n by len(rows)."""
+    def commit(self, new_kv: np.ndarray | None, rows, count: int | None = None) -> None:
+        """Write new_kv rows `rows` (indices into T) at positions n, n+1, ... and advance n by len(rows);
+        new_kv None: the step wrote its rows into slots n.. in place (a fused graph), move them."""
         rows = np.asarray(rows, dtype=np.int64)
         if count is not None:
             rows = rows[:count]
         m = len(rows)
         if m == 0:
+            return
+        if new_kv is None:
+            moved = in_place(rows)
+            if moved is not None:  # no wrap-around: a fused graph's n + T fits S
+                self.data[:, :, :, :, self.n + moved] = self.data[:, :, :, :, self.n + rows[moved]]
+            self.n += m
             return
         self.reserve(self.n + m)
         slots = (self.n + np.arange(m)) % self.S
@@ -70,6 +80,14 @@ class RingKV:
         if n > self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
         self.n = n
+
+
+def in_place(rows: np.ndarray) -> np.ndarray | None:
+    """Accepted rows (increasing indices into the step's T, each >= its place) that a step wrote in place at
+    slots n + row -> the places j whose row is not j (slots n + j take slot n + rows[j]; numpy reads the
+    sources before it writes, and a source is never an earlier place's destination), or None: nothing moves."""
+    moved = np.flatnonzero(rows != np.arange(len(rows)))
+    return moved if len(moved) else None
 
 
 class KVPool:
@@ -156,13 +174,21 @@ class KVPool:
         L = self.data.shape[0]
         return [self.data[i, j, first:first + B] for i in range(L) for j in (0, 1)]
 
-    def commit(self, r: int, new_kv: np.ndarray, b: int, rows) -> None:
-        """Write new_kv[:, :, b] rows `rows` (indices into T) at row r's positions n[r], n[r]+1, ..."""
+    def commit(self, r: int, new_kv: np.ndarray | None, b: int, rows) -> None:
+        """Write new_kv[:, :, b] rows `rows` (indices into T) at row r's positions n[r], n[r]+1, ...; new_kv
+        None: the call wrote its rows into row r's slots n[r].. in place (a fused graph), move them."""
         rows = np.asarray(rows, dtype=np.int64)
         m = len(rows)
         if m == 0:
             return
         n = int(self.n[r])
+        if new_kv is None:
+            moved = in_place(rows)
+            if moved is not None:
+                self.data[:, :, r, :, n + moved] = self.data[:, :, r, :, n + rows[moved]]
+            self.n[r] = n + m
+            self.high[r] = max(self.high[r], n + m)
+            return
         self.reserve(n + m)
         # new_kv: [L,2,B,Hkv,T,D]; a contiguous slot range takes a slice (basic indexing, one copy)
         self.data[:, :, r, :, n:n + m, :] = new_kv[:, :, b][:, :, :, self._index(rows)]
