@@ -70,7 +70,7 @@ def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -
     else:
         ids, pos, _, _, past = empty_inputs(c, 3, S, B=2)
         bias = torch.zeros(2, 1, 3, 6)  # 3 cached + 3 new tokens, logits for 2 of them (R != T when tracing)
-        model, args = FusedStep(graph, 2 * S), (ids, pos, bias, torch.tensor([5, 5], dtype=torch.int32),
+        model, args = FusedStep(graph, S), (ids, pos, bias, torch.tensor([5, 5], dtype=torch.int32),
                                          torch.tensor(6, dtype=torch.int32), torch.tensor([0, 2]), past)
         dynamic = {"input_ids": {0: B, 1: T}, "position_ids": {0: B, 1: T},
                    "attn_bias": {0: B, 2: T, 3: torch.export.Dim("L", min=2, max=max(S, 6))},
@@ -115,7 +115,7 @@ def export_mixed(graph: LlamaGraph, S: int, path: Path, groups: int) -> None:
     dynamic = (*dyn, [d for _, d in gs])
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(MixedStep(graph, groups, 2 * S), args, str(path), dynamo=True, external_data=True,
+        torch.onnx.export(MixedStep(graph, groups, S), args, str(path), dynamo=True, external_data=True,
                           input_names=ins, output_names=outs, dynamic_shapes=dynamic, verbose=False)
 
 

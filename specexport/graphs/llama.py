@@ -263,7 +263,8 @@ class FusedStep(nn.Module):
                present_key/value.i: the SAME buffers as past_kv (bind them so; the node writes the T new
                tokens' K (rotated) and V into slots n..n+T-1 in place, which are free: commit moves the
                accepted ones to n, n+1, ..., and rollback is unchanged).
-    `positions`: the rotary tables' length (positions [0, positions) can be fed; twice the capacity)."""
+    `positions`: the rotary tables' length, the capacity: a fused call's positions are below n + T <= capacity,
+    which the runtime checks before every call (onnxruntime refuses a position past the tables)."""
 
     def __init__(self, g: LlamaGraph, positions: int):
         super().__init__()

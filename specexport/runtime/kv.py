@@ -83,9 +83,9 @@ class RingKV:
 
 
 def in_place(rows: np.ndarray) -> np.ndarray | None:
-    """Accepted rows (increasing indices into the step's T, each >= its place) that a step wrote in place at
-    slots n + row -> the places j whose row is not j (slots n + j take slot n + rows[j]; numpy reads the
-    sources before it writes, and a source is never an earlier place's destination), or None: nothing moves."""
+    """Accepted rows (indices into the step's T) that a step wrote in place at slots n + row -> the places j
+    whose row is not j (slot n + j takes slot n + rows[j]: an indexed read, which numpy gathers into a copy
+    before it writes), or None: nothing moves (a chain's accepted prefix, a chunk, a decode token)."""
     moved = np.flatnonzero(rows != np.arange(len(rows)))
     return moved if len(moved) else None
 
