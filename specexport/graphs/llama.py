@@ -11,7 +11,8 @@ One forward = one step over T new tokens against a cache of S slots that the cal
   outputs  logits       float [B,T,V]
            new_kv       float [L,2,B,Hkv,T,D]  K (rotated) and V of the T new tokens
 The graph never writes the cache: the runtime commits the accepted rows of new_kv into its ring buffer,
-so a rejected proposal costs nothing to roll back. With `slots` (attention "slots") it attends over copies of
+so a rejected proposal costs nothing to roll back. (FusedStep, the default "fused" attention, differs: its
+GroupQueryAttention nodes rotate and write the new K/V into the cache's free slots in place; no new_kv.) With `slots` (attention "slots") it attends over copies of
 the cache with the new tokens placed in slots n..n+T-1 instead of over [cache; new tokens].
 Parameter names mirror transformers' (model.layers.N.input_layernorm.weight, ...) except that q/k/v and
 gate/up are stacked into one projection each (fewer, larger MatMuls); `build` does the stacking. Nothing here imports transformers.
