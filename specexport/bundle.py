@@ -423,8 +423,8 @@ def _check_io(inputs, outputs, where: str, attention: str, L: int, Hkv: int, D: 
         want_in, want_out = ["input_ids", "position_ids", "past_mask", "new_mask"] + rows + kv, ["logits", "new_kv"]
     else:
         want_in = ["input_ids", "position_ids", "attn_bias", "seqlens_k", "total_len", "logit_rows"] + kv
-        want_out = ["logits", "new_kv", "top_ids"] + ["present_" + n[len("past_"):] for n in kv]  # new_kv: before
-        # 2026-12-03 (since then the K/V are only written in place)
+        # new_kv: bundles built before 2026-12-03 (since then the K/V are only written in place)
+        want_out = ["logits", "new_kv", "top_ids"] + ["present_" + n[len("past_"):] for n in kv]
     for side, specs, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
         _list(specs, f"{where}.{side}", 4 * L + 16)
         for i, s in enumerate(specs):

@@ -12,8 +12,9 @@ One forward = one step over T new tokens against a cache of S slots that the cal
            new_kv       float [L,2,B,Hkv,T,D]  K (rotated) and V of the T new tokens
 The graph never writes the cache: the runtime commits the accepted rows of new_kv into its ring buffer,
 so a rejected proposal costs nothing to roll back. (FusedStep, the default "fused" attention, differs: its
-GroupQueryAttention nodes rotate and write the new K/V into the cache's free slots in place; no new_kv.) With `slots` (attention "slots") it attends over copies of
-the cache with the new tokens placed in slots n..n+T-1 instead of over [cache; new tokens].
+GroupQueryAttention nodes rotate and write the new K/V into the cache's free slots in place; no new_kv.)
+With `slots` (attention "slots") it attends over copies of the cache with the new tokens placed in slots
+n..n+T-1 instead of over [cache; new tokens].
 Parameter names mirror transformers' (model.layers.N.input_layernorm.weight, ...) except that q/k/v and
 gate/up are stacked into one projection each (fewer, larger MatMuls); `build` does the stacking. Nothing here imports transformers.
 """
@@ -105,7 +106,7 @@ class Attention(nn.Module):
         """The same attention as one onnxruntime GroupQueryAttention node (export only): it rotates q and k
         itself, reads the first total_len slots of past_k/v, writes this step's K/V into slots total_len-T..
         in place (the runtime binds past and present to one buffer) and adds `bias` [B,1,T,total_len] (the
-        tree mask) to its causal mask. rope: FusedStep.rope's (cos table, sin table, positions [B,T]).
+        tree mask) to its causal mask. rope: (cos table, sin table, positions [B,T]) as RopeTables.rope gives.
         Returns (output, present_k, present_v)."""
         o, pk, pv = self.gqa(self.qkv_proj(x), rope, past_k, past_v, bias, seqlens_k, total_len)
         return self.o_proj(o), pk, pv
@@ -245,14 +246,24 @@ class SlotsStep(nn.Module):
         return self.g(input_ids, position_ids, past_mask, new_mask, past_kv, logit_rows)
 
 
-def rope_tables(g: "LlamaGraph", positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """GroupQueryAttention's rotary tables: cos and sin [positions, D/2] float32 of position * inv_freq (the
-    same float32 products as LlamaGraph.rope, times the rope's attention scaling), constants of the graph."""
-    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * g.inv_freq[None]
-    return freqs.cos() * g.c.rope_scaling, freqs.sin() * g.c.rope_scaling
+class RopeTables(nn.Module):
+    """A GroupQueryAttention step's graph `g` and its rotary tables: cos and sin [positions, D/2] float32 of
+    position * inv_freq (the same float32 products as LlamaGraph.rope, times the rope's attention scaling),
+    constants of the graph."""
+
+    def __init__(self, g: LlamaGraph, positions: int):
+        super().__init__()
+        self.g = g
+        freqs = torch.arange(positions, dtype=torch.float32)[:, None] * g.inv_freq[None]
+        self.register_buffer("cos", freqs.cos() * g.c.rope_scaling, persistent=False)
+        self.register_buffer("sin", freqs.sin() * g.c.rope_scaling, persistent=False)
+
+    def rope(self, position_ids):
+        """What Attention.fused / gqa take as `rope` for tokens at position_ids [B,T]."""
+        return self.cos, self.sin, position_ids
 
 
-class FusedStep(nn.Module):
+class FusedStep(RopeTables):
     """The step with onnxruntime's GroupQueryAttention (export only; `attention="fused"` bundles):
       inputs   input_ids, position_ids as LlamaGraph; attn_bias float [B,1,T,n+T] (0 or -inf: which of the
                n cached and T new tokens each new token sees, on top of causal); seqlens_k int32 [B] = n+T-1;
@@ -267,17 +278,10 @@ class FusedStep(nn.Module):
     `positions`: the rotary tables' length, the capacity: a fused call's positions are below n + T <= capacity,
     which the runtime checks before every call (onnxruntime refuses a position past the tables)."""
 
-    def __init__(self, g: LlamaGraph, positions: int):
-        super().__init__()
-        self.g = g
-        cos, sin = rope_tables(g, positions)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-
     def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv: list):
         g = self.g
         x = g.model.embed_tokens(input_ids)
-        rope = (self.cos, self.sin, position_ids)
+        rope = self.rope(position_ids)
         bias = attn_bias.to(x.dtype)
         present = []
         for i, layer in enumerate(g.model.layers):
@@ -287,7 +291,7 @@ class FusedStep(nn.Module):
         return logits, torch.topk(logits, TOPK, dim=-1).indices, *present
 
 
-class MixedStep(nn.Module):
+class MixedStep(RopeTables):
     """FusedStep's call plus `groups` single-sequence groups in the same call (export only; the batching
     engine's graph for fused bundles). onnxruntime's GroupQueryAttention takes several new tokens per row
     with a past only at B = 1, so a batch of decode rows cannot carry a prefill chunk or a verify tree in
@@ -304,11 +308,8 @@ class MixedStep(nn.Module):
     as padding whose one write lands past the group's tokens, and reads nothing of it."""
 
     def __init__(self, g: LlamaGraph, groups: int, positions: int):
-        super().__init__()
-        self.g, self.groups = g, groups
-        cos, sin = rope_tables(g, positions)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        super().__init__(g, positions)
+        self.groups = groups
 
     def forward(self, input_ids, position_ids, attn_bias, seqlens_k, total_len, logit_rows, past_kv: list,
                 groups: list):
@@ -327,7 +328,7 @@ class MixedStep(nn.Module):
             outs = []
             for j, (part, a) in enumerate(zip(torch.split(qkv, sizes, dim=1), calls)):
                 b, t = shapes[j]
-                o, pk, pv = at.gqa(part.reshape(b, t, -1), (self.cos, self.sin, a[1]), a[6][2 * i],
+                o, pk, pv = at.gqa(part.reshape(b, t, -1), self.rope(a[1]), a[6][2 * i],
                                    a[6][2 * i + 1], a[2].to(x.dtype), a[3], a[4])
                 outs.append(o.reshape(1, b * t, -1))
                 present[j] += [pk, pv]
