@@ -452,7 +452,8 @@ def test_runtime_only_install_says_which_extra(ckpts, tmp_path, monkeypatch, cap
     reason="needs ORT_DISABLE_TELEMETRY=1 set before onnxruntime is imported (proposed for specexport/__init__.py)",
     strict=False))])
 def test_load_and_generate_write_nothing_outside(bundle_noisy, tmp_path, telemetry_off):
-    """onnxruntime's telemetry writes under ~/.cache/Microsoft and $TMPDIR (and calls Microsoft's endpoint)."""
+    """onnxruntime's telemetry writes under ~/.cache/Microsoft and $TMPDIR (and calls Microsoft's endpoint). The one
+    thing that may appear: specexport's own attention kernel, compiled once per machine into ~/.cache/specexport."""
     home, tmp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     tmp.mkdir()
@@ -462,7 +463,9 @@ def test_load_and_generate_write_nothing_outside(bundle_noisy, tmp_path, telemet
         env["ORT_DISABLE_TELEMETRY"] = "1"
     code = f"import specexport; specexport.load({str(bundle_noisy)!r}).generate('hello', max_new_tokens=4)"
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
-    assert list(home.iterdir()) == [] and list(tmp.iterdir()) == []
+    files = [p.relative_to(home).as_posix() for p in home.rglob("*") if not p.is_dir()]
+    assert all(re.fullmatch(r"\.cache/specexport/kernels/libspecexport_gqa-[0-9a-f]{16}\.so", f) for f in files), files
+    assert list(tmp.iterdir()) == []
 
 
 # ---- builds: interrupted, killed, replaced, full and read-only disks

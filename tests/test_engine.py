@@ -264,11 +264,16 @@ def test_warm_start_and_the_pool_buffer(bundles, attention):
     assert not cold.costs.seen
 
 
-def test_mixed_calls_carry_prefill_chunks_and_verify_apart(bundles):
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_mixed_calls_carry_prefill_chunks_and_verify_apart(bundles, kernel, monkeypatch):
     """A fused bundle's mixed graph: a request's later prefill chunks ride in the decode rows' call, and two
-    decoding requests each verify their own draft in one call (the lower row as a batch of one, the other as
-    a group). Outputs == solo, greedy and Gumbel sampling; the calls really ran (the engine's counters)."""
+    decoding requests each verify their own draft: on specexport's attention kernel in one batched call of
+    both rows, on onnxruntime's (which takes one token per row at B > 1) in one mixed call (the lower row as a
+    batch of one, the other as a group). Outputs == solo, greedy and Gumbel sampling; the calls really ran
+    (the engine's counters)."""
+    monkeypatch.setenv("SPECEXPORT_KERNELS", kernel)
     pipe = specexport.load(bundles["fused"])
+    assert bool(pipe.target.kernel) == (kernel == "1")
     assert pipe.target.groups == 1 and pipe.manifest.models["target"].mixed["max_abs"] <= 1e-4
     long = (PROMPTS[2] * 2)[:52]  # 6-7 chunks of 8: most of them ride in decode calls
     for kw in (dict(), dict(temperature=0.8, top_p=0.9, seed=3)):
@@ -284,7 +289,8 @@ def test_mixed_calls_carry_prefill_chunks_and_verify_apart(bundles):
             pass
         assert [c.wait(1).token_ids for c in (first, second)] == want
         st = eng.stats()
-        assert st["mixed_rides"] >= 3 and st["mixed_apart"] >= 3, st
+        verified = st["batch_verify"] if kernel == "1" else st["mixed_apart"]
+        assert st["mixed_rides"] >= 3 and verified >= 3, st
         pipe.close()
 
 
@@ -298,9 +304,11 @@ def test_no_mixed_graph(ckpts, tmp_path):
     assert [c.wait(60).token_ids for c in cs] == want
 
 
-def test_two_groups_let_three_requests_verify_apart(ckpts, tmp_path):
+def test_two_groups_let_three_requests_verify_apart(ckpts, tmp_path, monkeypatch):
     """--mixed-groups 2: three decoding requests verify their own drafts in one call (a batch of one and two
-    groups), a prefill chunk rides beside decode rows; every output == solo."""
+    groups), a prefill chunk rides beside decode rows; every output == solo. (On onnxruntime's attention
+    kernel: specexport's verifies the rows in one batched call instead.)"""
+    monkeypatch.setenv("SPECEXPORT_KERNELS", "0")
     pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], ks=(2, 4), capacity=96, chunk=8,
                                         batch_sizes=(1, 2, 4), mixed_groups=2))
     assert pipe.target.groups == 2 and pipe.manifest.models["target"].mixed["max_abs"] <= 1e-4

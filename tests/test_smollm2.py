@@ -25,12 +25,18 @@ def smol(tmp_path_factory):
 
 
 def test_parity_recorded(smol):
+    from specexport import bundle
+    from specexport.backends.ort import OrtBackend
+
     _, out = smol
     m = json.loads((out / "manifest.json").read_text())
     t = m["models"]["target"]
-    B = m["batch"]  # the largest batch, rows at different cache lengths (fused: one new token per row)
-    assert B > 1 and set(t["parity"]) == set(t["profiles"]) | {"decode@capacity", f"batch_B{B}_T1"}
-    assert len(set(t["parity"][f"batch_B{B}_T1"]["cache_lengths"])) == B
+    # the largest batch, rows at different cache lengths, the largest T the engine runs in a B-row call: the
+    # prefill chunk on specexport's attention kernel (T = 1 on onnxruntime's, which takes one token per row)
+    B = m["batch"]
+    T = t["profiles"]["prefill"] if OrtBackend(out, bundle.read(out).target, [512]).kernel else 1
+    assert B > 1 and set(t["parity"]) == set(t["profiles"]) | {"decode@capacity", f"batch_B{B}_T{T}"}
+    assert len(set(t["parity"][f"batch_B{B}_T{T}"]["cache_lengths"])) == B
     assert all(r["max_abs"] < 1e-3 and r["top1"] == 1.0 for r in t["parity"].values()), t["parity"]
     assert m["models"]["draft"]["kind"] == "int4"
     assert m["tokenizer"]["chat_template"] and m["tokenizer"]["eos_token_ids"]
@@ -70,10 +76,12 @@ def test_streaming_multibyte_text(smol):
     assert any(ord(ch) > 0x2E80 for ch in g.text), g.text  # CJK or emoji really went through the stream
 
 
-def test_int8_activations_drift_on_the_real_model(smol, tmp_path):
-    """Why an int4 target with int8 activations speculates only with --pad-decode, and with chains only: on
-    SmolLM2 its verify call scores tokens differently from one decode call per token by far more than float32
-    rounding (the build records it), unless 1-token calls carry a pad token; a tree's rows still differ."""
+def test_int8_activations_drift_on_the_real_model(smol, tmp_path, monkeypatch):
+    """Why an int4 target with int8 activations speculates on onnxruntime's own attention kernel only with
+    --pad-decode, and with chains only: on SmolLM2 its verify call scores tokens differently from one decode
+    call per token by far more than float32 rounding (the build records it), unless 1-token calls carry a pad
+    token; a tree's rows still differ. On specexport's kernel a verify row scores a token exactly as a decode
+    call does, chains and trees, float32 and int8 activations, pad or not."""
     import dataclasses
 
     from specexport import bundle
@@ -83,10 +91,18 @@ def test_int8_activations_drift_on_the_real_model(smol, tmp_path):
 
     _, out = smol
     m = bundle.read(out)
-    assert m.target.verify_drift < 1e-3  # float32 target: rounding only
-    drift = {}
+    assert m.target.verify_drift < 1e-3  # float32 target: rounding only (0.0 on specexport's kernel)
     for level in (1, 4):
         sx_onnx.quantize(out / "target.onnx", tmp_path / f"q{level}.onnx", bits=4, accuracy_level=level)
+    # specexport's kernel
+    assert parity.verify_drifts(OrtBackend(out, m.target, m.buckets)) == (0.0, 0.0)
+    for pad in (False, True):
+        model = OrtBackend(tmp_path, dataclasses.replace(m.target, graph="q4.onnx", pad_decode=pad), m.buckets)
+        assert model.kernel and parity.verify_drifts(model) == (0.0, 0.0), pad
+    # onnxruntime's
+    monkeypatch.setenv("SPECEXPORT_KERNELS", "0")
+    drift = {}
+    for level in (1, 4):
         entry = dataclasses.replace(m.target, graph=f"q{level}.onnx")
         drift[level] = parity.verify_drifts(OrtBackend(tmp_path, entry, m.buckets))
     assert max(drift[1]) < 1e-3 and min(drift[4]) > 0.05, drift

@@ -12,6 +12,7 @@ from pathlib import Path
 import time
 import numpy as np
 
+from .. import kernels
 from ..bundle import BundleError, ModelEntry
 from ..runtime.kv import KVPool, RingKV
 from .base import BackendBase, StepOut, batch_inputs, logit_rows, step_inputs
@@ -27,10 +28,12 @@ class OrtBackend(BackendBase):
         super().__init__(entry, buckets, batch_sizes)
         if os.environ.get("SPECEXPORT_ORT_TELEMETRY") != "1":  # an embedded runtime does not phone home unless asked
             ort.disable_telemetry_events()
-        so = session_options(threads)
-        self.session = ort.InferenceSession(str(root / entry.graph), so,
-                                            providers=providers or ["CPUExecutionProvider"])
         self.fused = entry.attention == "fused"
+        # a fused graph's GroupQueryAttention nodes run specexport's kernel where it builds (kernels/gqa.c;
+        # CPU sessions only): None where onnxruntime's own runs
+        self.kernel = kernels.library(entry.arch["head_dim"]) if self.fused and providers in (None, ["CPUExecutionProvider"]) else None
+        self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel),
+                                            providers=providers or ["CPUExecutionProvider"])
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
         self.numerics = f"{entry.activations or 'float32'} activations"
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
@@ -149,11 +152,12 @@ class OrtBackend(BackendBase):
         return 1 <= B <= self.batch_sizes[-1]
 
     def batch_ts(self, B: int) -> list[int]:
-        """The T values a call of B rows can run: every profile, but T=1 only for B > 1 with fused attention
-        (onnxruntime's GroupQueryAttention refuses several new tokens per row when a batch has a past; a
-        first prefill chunk, every row at n = 0, is the exception: see `step_batch`)."""
+        """The T values a call of B rows can run: every profile; but with fused attention on onnxruntime's own
+        GroupQueryAttention kernel (specexport's did not build) T=1 only for B > 1: that kernel refuses
+        several new tokens per row when a batch has a past (a first prefill chunk, every row at n = 0, is the
+        exception: see `step_batch`)."""
         ts = sorted(self.profile_ts)
-        return [1] if self.fused and B > 1 else ts
+        return [1] if self.fused and B > 1 and not self.kernel else ts
 
     def step_batch(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray,
                    new_mask: np.ndarray | None = None, first: int = 0, rows=None) -> StepOut:
@@ -163,8 +167,8 @@ class OrtBackend(BackendBase):
         that get logits in every row (default all). -> logits [B,R,V], new_kv [L,2,B,Hkv,T,D], top ids
         [B,R,k] (fused); nothing is committed.
 
-        T > 1 with B > 1 on a fused graph only when every row is at n = 0 (first prefill chunks: the node's
-        "first prompt" mode, which takes a batch)."""
+        T > 1 with B > 1 on a fused graph without specexport's kernel only when every row is at n = 0 (first
+        prefill chunks: the node's "first prompt" mode, which takes a batch)."""
         B, T = ids.shape
         n = pool.n[first:first + B].astype(np.int64)
         prefill = self.fused and B > 1 and T in self.profile_ts and not n.any()
@@ -225,7 +229,7 @@ class OrtBackend(BackendBase):
             import onnxruntime as ort
 
             try:
-                sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), session_options(),
+                sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), session_options(None, self.kernel),
                                             providers=self.session.get_providers())
             except Exception as e:  # noqa: BLE001 -- whatever onnxruntime raises on a bad graph
                 raise BundleError(f"{self.entry.mixed['graph']}: onnxruntime cannot load the mixed graph "
@@ -241,7 +245,7 @@ class OrtBackend(BackendBase):
     def step_mixed(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray, new_mask: np.ndarray | None,
                    group: list, first: int = 0, rows=None) -> tuple[StepOut, list]:
         """ONE call of the mixed graph: the batch as `step_batch` (pool rows [first, first+B), ids and
-        positions [B,T]; T > 1 needs B = 1 or every row at n = 0) and each group (r, ids [Tg], positions [Tg],
+        positions [B,T]; T > 1 needs B = 1 or every row at n = 0 on onnxruntime's own attention kernel) and each group (r, ids [Tg], positions [Tg],
         new_mask [Tg,Tg] or None for causal, logit rows or None for all) on pool row r, one batch-1 attention
         each. A group's row inside the batch is fed there as padding that writes one slot past the group's
         tokens (it needs n_r + Tg + T <= S). -> (the batch's StepOut, one StepOut per group, logits [Rg,V],
@@ -250,7 +254,8 @@ class OrtBackend(BackendBase):
         P = self.groups
         if not 1 <= len(group) <= P:
             raise ValueError(f"{self.entry.role}: a mixed call takes 1..{P} groups, got {len(group)}")
-        if not self.runs_batch(B) or first + B > pool.rows or (T > 1 and B > 1 and pool.n[first:first + B].any()):
+        if not self.runs_batch(B) or first + B > pool.rows or (T > 1 and B > 1 and pool.n[first:first + B].any()
+                                                                 and not self.kernel):
             raise ValueError(f"{self.entry.role}: no mixed batch B={B}, T={T} for rows {first}..")
         n = pool.n[first:first + B].astype(np.int64)
         ids, positions = ids.copy(), positions.copy()
@@ -342,13 +347,14 @@ def bind_cache(io, views):
 _POOL: list = []  # the size of onnxruntime's global thread pool, once set
 
 
-def session_options(threads: int | None = None):
+def session_options(threads: int | None = None, kernel: str | None = None):
     """SessionOptions of every CPU session the runtime opens (and scripts that open their own beside it): on
     onnxruntime's ONE global intra-op thread pool, whose size the first call of the process sets (`threads`,
     else $SPECEXPORT_THREADS, else the CPU count). A target and its draft, or a target's step and mixed graphs,
     alternate call by call; with a pool per session the idle one's spinning threads took the cores from the
     other (a mixed call right after a step-graph call ran 1.9x its time alone on 2 cores), and a pool that
-    did not spin paid a wake-up per parallel section (+23%). Shared threads do neither."""
+    did not spin paid a wake-up per parallel section (+23%). Shared threads do neither. `kernel`: the path of
+    specexport's kernel library (kernels.library) to register, or None."""
     import onnxruntime as ort
     import onnxruntime.capi._pybind_state as C
 
@@ -358,6 +364,8 @@ def session_options(threads: int | None = None):
     so = ort.SessionOptions()
     so.use_per_session_threads = False
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if kernel:
+        so.register_custom_ops_library(kernel)
     return so
 
 

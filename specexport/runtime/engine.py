@@ -199,6 +199,7 @@ class Engine:
                     "tokens": self.counters["tokens"], "finished": dict(self.counters["finished"]),
                     "batch": dict(self.counters["batch"]), "prefill_batch": dict(self.counters["prefill_batch"]),
                     "mixed_rides": self.counters.get("rides", 0), "mixed_apart": self.counters.get("apart", 0),
+                    "batch_verify": self.counters.get("batch_verify", 0),
                     "row_moves": self.counters.get("moves", 0),
                     "draft_batch": dict(self.drafts.calls) if self.drafts is not None else {},
                     "prefill_budget": self.prefill_budget, "pool_slots": self.pool.S,
@@ -256,7 +257,9 @@ class Engine:
                 for T in chunk_ts(tgt, self.budget_max):
                     tgt.step_mixed(pool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64), None,
                                    [(last, [0] * T, np.arange(T), None, [])])
-            for m in range(2, min(self.groups + 1, last + 1) + 1):
+            # requests verify apart only where a batched call cannot verify (`_decode`)
+            apart = max(tgt.batch_ts(self.batch_sizes[-1])) == 1
+            for m in range(2, min(self.groups + 1, last + 1) + 1) if apart else ():
                 for T in [t for t in tgt.batch_ts(1) if t in steps and t > 1]:
                     for _ in range(2):
                         _, gs = tgt.step_mixed(pool, np.zeros((1, T), dtype=np.int64), pos[:1, :T].copy(), None,
@@ -464,9 +467,11 @@ class Engine:
         return sum(lens)
 
     def _decode(self, dec: list[Sequence], ride=None) -> None:
-        apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1
         B = self.target.batch_for(max(s.row for s in dec) + 1)  # the rows [0, B) the call covers
-        verify = max(self.target.batch_ts(B)) > 1  # a fused graph's B > 1 call runs T = 1: nothing to draft
+        # onnxruntime's own fused attention runs T = 1 only at B > 1: nothing to draft in the batched call, but
+        # 2..groups+1 requests can verify apart in one mixed call; with specexport's kernel every row verifies
+        verify = max(self.target.batch_ts(B)) > 1
+        apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and not verify
         if self.drafts is not None:
             self._model_drafts(dec, B, apart or verify)
         if apart and self._verify_apart(dec):
@@ -504,6 +509,8 @@ class Engine:
                 self._first(p, g.logits[0])
         self.counters["steps"] += 1
         self.counters["batch"][B] = self.counters["batch"].get(B, 0) + 1
+        if B > 1 and T > 1:
+            self.counters["batch_verify"] = self.counters.get("batch_verify", 0) + 1
         for s, t in zip(dec, trees):
             try:
                 self._accept(s, t, T, out)

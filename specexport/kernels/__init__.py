@@ -1,0 +1,99 @@
+"""specexport's own CPU kernels for onnxruntime, compiled on first use for the CPU they run on.
+
+gqa.c is GroupQueryAttention as the fused graphs use it (why and how: its header comment, docs/design.md
+"The attention kernel"). `library(head_dim)` gives the path of the shared library to load into a session's
+options (`register_custom_ops_library`); it registers the op under onnxruntime's own domain and name, so the
+graph and the bundle stay as they are and a session without the library runs onnxruntime's kernel.
+
+The library is built with the system C compiler ($CC, else cc or gcc; -O3 -march=native: this CPU's vector
+width, AVX-512 or AVX2) into a cache keyed by the sources, the flags and this CPU's flags
+($SPECEXPORT_CACHE, else ~/.cache/specexport), once per machine (~1 s). No compiler, a failed build, a head
+size it does not serve (multiples of 16 up to 128 only) or SPECEXPORT_KERNELS=0 give None: onnxruntime's kernel runs,
+with one warning for a failed build. Torch-free, like the rest of the runtime.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SOURCES = ("gqa.c", "gqa_rows.h")
+HEAD_DIMS = tuple(range(16, 129, 16))  # gqa.c's register-blocked paths
+FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-Wall"]
+log = logging.getLogger("specexport")
+_lock = threading.Lock()
+_built: dict = {}  # cache path -> Path or None (a failed build is not retried in this process)
+
+
+def enabled() -> bool:
+    """SPECEXPORT_KERNELS=0 turns the kernels off (onnxruntime's own then run), e.g. to compare the two."""
+    return os.environ.get("SPECEXPORT_KERNELS", "1") != "0"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def cpu_flags() -> str:
+    """This CPU's model and feature flags (what -march=native compiles for), for the cache key."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        return "\n".join(sorted({ln for ln in info.splitlines() if ln.startswith(("flags", "model name"))}))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def cache_path(cc: str) -> Path:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((HERE / name).read_bytes())
+    h.update(" ".join([cc, *FLAGS, platform.machine(), cpu_flags()]).encode())
+    root = Path(os.environ.get("SPECEXPORT_CACHE") or Path.home() / ".cache" / "specexport")
+    return root / "kernels" / f"libspecexport_gqa-{h.hexdigest()[:16]}.so"
+
+
+def build(cc: str, out: Path) -> None:
+    """Compile into a temporary file beside `out`, then rename: processes that build at once each get a whole
+    library. Raises RuntimeError with the compiler's message."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        cmd = [cc, *FLAGS, "-I", str(HERE / "include"), "-o", tmp, str(HERE / "gqa.c"), "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library(head_dim: int) -> str | None:
+    """The kernel library's path for a model of this head size, building it if need be; None where onnxruntime's
+    own kernel should run (see the module docstring)."""
+    if not enabled() or head_dim not in HEAD_DIMS:
+        return None
+    cc = compiler()
+    if cc is None:
+        return None
+    out = cache_path(cc)
+    with _lock:
+        if out not in _built:
+            try:
+                if not out.exists():
+                    build(cc, out)
+                _built[out] = out
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                log.warning("specexport: its attention kernel could not be built, onnxruntime's own runs "
+                            "instead (slower at several rows; set SPECEXPORT_KERNELS=0 to silence this): %s", e)
+                _built[out] = None
+        path = _built[out]
+    return str(path) if path else None

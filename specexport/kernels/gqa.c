@@ -1,0 +1,357 @@
+/* GroupQueryAttention for onnxruntime's CPU provider, as specexport's fused graphs use it: q, k and v packed
+ * in `query` (q pre-scaled, `scale` 1), past and present bound to the same buffers (the new K/V written into
+ * slots past..past+T-1 in place), the rotary inside (non-interleaved, cos/sin tables [positions, D/2] at
+ * the tokens' position_ids), an optional additive attention_bias [B or 1, 1, T, total_len] (a tree's mask).
+ * Registered in the domain com.microsoft under the contrib op's name, so a session that loads this library
+ * runs it in place of onnxruntime's kernel with the graph unchanged (custom kernels take precedence).
+ *
+ * Why: onnxruntime's CPU kernel runs two one-row GEMMs per (row, query head), so a KV head's cache is read
+ * once per query head that shares it, every pair pays a GEMM's set-up, and its float reductions are plain
+ * loops; and it refuses several new tokens per row when a batch of more than one row has a past. Here a task
+ * is one (row, KV head, block of up to 16 new tokens): the block's queries of the G query heads that share
+ * the KV head are scored against each key as it is read (one dot product per query while few, else 16 keys
+ * transposed at a time and 8 queries' scores accumulated in registers), softmax per query with a vectorised
+ * exp, and the outputs as register-blocked sums of V rows. Each row's cache is streamed once per block,
+ * at any T and any B. Semantics as onnxruntime's: seqlens_k[b] + 1 is row b's total length; when
+ * total_sequence_length equals T ("first prompt") rows have no past and shorter rows are right-padded.
+ * Head sizes: multiples of 16 up to 128 (others are refused at the first call). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnxruntime_c_api.h"
+
+#define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
+
+static const OrtApi *ort;
+
+typedef struct {
+  int64_t heads, kv_heads, rotary;
+  float scale;
+} Kernel;
+
+typedef struct {
+  const Kernel *k;
+  volatile int oom; /* a task could not allocate its scratch */
+  int64_t B, T, S, D, L, tblock, nblocks;
+  int prompt;
+  const float *qkv, *cos, *sin, *bias;
+  const int64_t *pos;
+  const int32_t *seqlens;
+  float *pk, *pv, *out;
+  int bias_rows; /* bias dims[0]: B, or 1 when broadcast over rows */
+} Call;
+
+static void rotate(float *dst, const float *src, const float *cos, const float *sin, int64_t D, int rot) {
+  int64_t h = D / 2;
+  if (!rot) {
+    memcpy(dst, src, D * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < h; i++) {
+    float x1 = src[i], x2 = src[i + h];
+    dst[i] = x1 * cos[i] - x2 * sin[i];
+    dst[i + h] = x2 * cos[i] + x1 * sin[i];
+  }
+}
+
+static int64_t past_of(const Call *c, int64_t b) {
+  return c->prompt ? 0 : (int64_t)c->seqlens[b] + 1 - c->T;
+}
+
+/* Task (b, kv head): rotate this step's keys and write them and the values into slots past..past+T-1. */
+static void write_kv(void *arg, size_t task) {
+  const Call *c = arg;
+  const Kernel *k = c->k;
+  int64_t b = task / k->kv_heads, h = task % k->kv_heads, D = c->D, W = (k->heads + 2 * k->kv_heads) * D;
+  int64_t past = past_of(c, b);
+  for (int64_t t = 0; t < c->T; t++) {
+    const float *row = c->qkv + (b * c->T + t) * W;
+    int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
+    size_t slot = ((b * k->kv_heads + h) * c->S + past + t) * D;
+    rotate(c->pk + slot, row + (k->heads + h) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
+    memcpy(c->pv + slot, row + (k->heads + k->kv_heads + h) * D, D * sizeof(float));
+  }
+}
+
+typedef float v16 __attribute__((vector_size(64)));               /* 16 floats */
+typedef float v16u __attribute__((vector_size(64), aligned(4))); /* the same at any float's address */
+
+
+typedef int i16 __attribute__((vector_size(64)));
+
+static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
+
+/* exp of 16 floats: 2^n * p(r), n = floor(x / ln 2 + 1/2), r = x - n ln 2 (Cephes' expf polynomial, ~1
+ * ulp); 0 below -87.3 (a masked score: -inf) */
+static inline v16 exp16(v16 x) {
+  const v16 zero = {0};
+  i16 under = x < -87.3f;
+  x = sel(under, zero - 87.3f, x);
+  x = sel(x > 88.3f, zero + 88.3f, x);
+  v16 y = x * 1.44269504088896341f + 0.5f;
+  v16 n = __builtin_convertvector(__builtin_convertvector(y, i16), v16);
+  n = sel(n > y, n - 1.0f, n);
+  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16 p = zero + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  p = p * (v16)((__builtin_convertvector(n, i16) + 127) << 23);
+  return sel(under, zero, p);
+}
+
+static inline v16 load(const float *p) { return *(const v16u *)p; }
+static inline void store(float *p, v16 v) { *(v16u *)p = v; }
+
+/* the sum of a vector's lanes as a tree (4 shuffles and adds) */
+static inline float hsum(v16 a) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+#define QB 4 /* queries per register block of the outputs */
+
+#define DV 1
+#define ROWS rows1
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 2
+#define ROWS rows2
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 3
+#define ROWS rows3
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 4
+#define ROWS rows4
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 5
+#define ROWS rows5
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 6
+#define ROWS rows6
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 7
+#define ROWS rows7
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+#define DV 8
+#define ROWS rows8
+#include "gqa_rows.h"
+#undef DV
+#undef ROWS
+
+/* by head size / 16 */
+static void (*const rows[9])(const float *, int64_t, float *, int64_t, const float *, const float *, int64_t,
+                              const int64_t *, const float *const *, float *, float *, const int64_t *) = {
+    NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8};
+
+/* Task (b, kv head, block of tokens): the attention of the block's tokens for the G query heads. */
+static void attend(void *arg, size_t task) {
+  const Call *c = arg;
+  const Kernel *k = c->k;
+  int64_t G = k->heads / k->kv_heads, D = c->D, W = (k->heads + 2 * k->kv_heads) * D;
+  int64_t blk = task % c->nblocks, bh = task / c->nblocks, b = bh / k->kv_heads, h = bh % k->kv_heads;
+  int64_t t0 = blk * c->tblock, t1 = t0 + c->tblock < c->T ? t0 + c->tblock : c->T, nt = t1 - t0;
+  int64_t past = past_of(c, b), total = (int64_t)c->seqlens[b] + 1;
+  int64_t nq = nt * G, nq4 = (nq + QB - 1) / QB * QB;
+  int64_t keys = c->prompt ? (t1 < total ? t1 : total) : past + t1; /* keys any query sees */
+  int64_t kpad = (keys + 15) & ~15;
+  const float *K = c->pk + (b * k->kv_heads + h) * c->S * D, *V = c->pv + (b * k->kv_heads + h) * c->S * D;
+  float *q = aligned_alloc(64, sizeof(float) * (nq4 * D + nq4 * kpad + 16 * D)); /* sizes: multiples of 64 B */
+  if (!q) {
+    ((Call *)c)->oom = 1;
+    return;
+  }
+  float *sc = q + nq4 * D, *kt = sc + nq4 * kpad;
+  float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
+  int64_t len[nq], orow[nq];
+  const float *bias[nq4];
+  memset(q + nq * D, 0, (nq4 - nq) * D * sizeof(float));
+  for (int64_t t = t0; t < t1; t++) {
+    const float *row = c->qkv + (b * c->T + t) * W;
+    int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
+    for (int64_t g = 0; g < G; g++) {
+      int64_t i = (t - t0) * G + g;
+      rotate(q + i * D, row + (h * G + g) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
+      for (int64_t d = 0; d < D; d++) q[i * D + d] *= scale;
+      len[i] = c->prompt ? (t + 1 < total ? t + 1 : total) : past + t + 1;
+      orow[i] = ((b * c->T + t) * k->heads + h * G + g) * D;
+      bias[i] = c->bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
+    }
+  }
+  rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, kt, c->out, orow);
+  free(q);
+}
+
+static OrtStatus *fail(const char *msg) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, msg); }
+
+#define TRY(x)                    \
+  do {                            \
+    OrtStatus *st_ = (x);         \
+    if (st_) return st_;          \
+  } while (0)
+
+static OrtStatus *dims(const OrtValue *v, int64_t *out, size_t *rank) {
+  OrtTensorTypeAndShapeInfo *info;
+  TRY(ort->GetTensorTypeAndShape(v, &info));
+  OrtStatus *st = ort->GetDimensionsCount(info, rank);
+  if (!st && *rank <= 4) st = ort->GetDimensions(info, out, *rank);
+  ort->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
+static OrtStatus *input(OrtKernelContext *ctx, size_t i, const OrtValue **v, const void **data) {
+  *v = NULL;
+  *data = NULL;
+  TRY(ort->KernelContext_GetInput(ctx, i, v));
+  if (*v) TRY(ort->GetTensorMutableData((OrtValue *)*v, (void **)data));
+  return NULL;
+}
+
+static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
+  const Kernel *k = op;
+  const OrtValue *v[11];
+  const void *p[11];
+  for (size_t i = 0; i < 11; i++) TRY(input(ctx, i, &v[i], &p[i]));
+  if (!v[0] || !v[3] || !v[4] || !v[5] || !v[6]) return fail("GroupQueryAttention (specexport): query, past_key, past_value, seqlens_k and total_sequence_length are required");
+  if (v[1] || v[2]) return fail("GroupQueryAttention (specexport): takes q, k and v packed in `query` only");
+  if (k->rotary && (!v[7] || !v[8])) return fail("GroupQueryAttention (specexport): do_rotary needs cos_cache and sin_cache");
+  int64_t qd[4], kd[4], bd[4], cd[4];
+  size_t r;
+  TRY(dims(v[0], qd, &r));
+  if (r != 3) return fail("GroupQueryAttention (specexport): query must be [B, T, (H + 2 Hkv) D]");
+  TRY(dims(v[3], kd, &r));
+  if (r != 4) return fail("GroupQueryAttention (specexport): past_key must be [B, Hkv, S, D]");
+  Call c = {.k = k, .B = qd[0], .T = qd[1], .S = kd[2], .D = kd[3]};
+  if (kd[0] != c.B || kd[1] != k->kv_heads || qd[2] != (k->heads + 2 * k->kv_heads) * c.D)
+    return fail("GroupQueryAttention (specexport): query and past_key shapes disagree");
+  if (c.D % 16 || c.D < 16 || c.D > 128)
+    return fail("GroupQueryAttention (specexport): head size must be a multiple of 16 up to 128 (run with SPECEXPORT_KERNELS=0)");
+  if (k->rotary) {
+    TRY(dims(v[7], cd, &r));
+    if (r != 2 || cd[1] != c.D / 2) return fail("GroupQueryAttention (specexport): cos_cache must be [positions, D/2]");
+  }
+  c.L = *(const int32_t *)p[6];
+  c.prompt = c.L == c.T;
+  c.qkv = p[0];
+  c.seqlens = p[5];
+  c.cos = p[7];
+  c.sin = p[8];
+  c.pos = p[9];
+  c.bias = p[10];
+  if (v[10]) {
+    TRY(dims(v[10], bd, &r));
+    if (r != 4 || (bd[0] != 1 && bd[0] != c.B) || bd[1] != 1 || bd[2] != c.T || bd[3] != c.L)
+      return fail("GroupQueryAttention (specexport): attention_bias must be [B or 1, 1, T, total_sequence_length]");
+    c.bias_rows = (int)bd[0];
+  }
+  for (int64_t b = 0; b < c.B; b++) {
+    int64_t total = (int64_t)c.seqlens[b] + 1;
+    if (total > c.S || total > c.L || (!c.prompt && total < c.T))
+      return fail("GroupQueryAttention (specexport): seqlens_k out of range for the cache and T");
+    if (c.prompt && c.T > c.S) return fail("GroupQueryAttention (specexport): T exceeds the cache");
+  }
+  if (c.pos && k->rotary)
+    for (int64_t i = 0; i < c.B * c.T; i++)
+      if (c.pos[i] < 0 || c.pos[i] >= cd[0]) return fail("GroupQueryAttention (specexport): a position_ids entry is past the rotary tables");
+  int64_t od[3] = {c.B, c.T, k->heads * c.D};
+  OrtValue *o0, *o1, *o2;
+  TRY(ort->KernelContext_GetOutput(ctx, 0, od, 3, &o0));
+  TRY(ort->KernelContext_GetOutput(ctx, 1, kd, 4, &o1));
+  TRY(ort->KernelContext_GetOutput(ctx, 2, kd, 4, &o2));
+  TRY(ort->GetTensorMutableData(o0, (void **)&c.out));
+  TRY(ort->GetTensorMutableData(o1, (void **)&c.pk));
+  TRY(ort->GetTensorMutableData(o2, (void **)&c.pv));
+  size_t cache = sizeof(float) * c.B * k->kv_heads * c.S * c.D;
+  if (c.pk != p[3]) memcpy(c.pk, p[3], cache); /* present not bound to past: start from a copy */
+  if (c.pv != p[4]) memcpy(c.pv, p[4], cache);
+  TRY(ort->KernelContext_ParallelFor(ctx, write_kv, c.B * k->kv_heads, 0, &c));
+  c.tblock = c.T <= 16 ? c.T : 16;
+  c.nblocks = (c.T + c.tblock - 1) / c.tblock;
+  TRY(ort->KernelContext_ParallelFor(ctx, attend, c.B * k->kv_heads * c.nblocks, 0, &c));
+  return c.oom ? ort->CreateStatus(ORT_FAIL, "GroupQueryAttention (specexport): out of memory for scratch") : NULL;
+}
+
+static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+  (void)op;
+  (void)api;
+  Kernel *k = calloc(1, sizeof(Kernel));
+  OrtStatus *st = ort->KernelInfoGetAttribute_int64(info, "num_heads", &k->heads);
+  if (!st) st = ort->KernelInfoGetAttribute_int64(info, "kv_num_heads", &k->kv_heads);
+  if (st || k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads) {
+    free(k);
+    if (st) ort->ReleaseStatus(st);
+    return fail("GroupQueryAttention (specexport): num_heads and kv_num_heads must be positive, num_heads a multiple");
+  }
+  if ((st = ort->KernelInfoGetAttribute_float(info, "scale", &k->scale))) ort->ReleaseStatus(st), k->scale = 0.0f;
+  if ((st = ort->KernelInfoGetAttribute_int64(info, "do_rotary", &k->rotary))) ort->ReleaseStatus(st), k->rotary = 0;
+  int64_t x = 0;
+  if (!(st = ort->KernelInfoGetAttribute_int64(info, "rotary_interleaved", &x)) && x) {
+    free(k);
+    return fail("GroupQueryAttention (specexport): rotary_interleaved is not supported");
+  }
+  if (st) ort->ReleaseStatus(st);
+  *out = k;
+  return NULL;
+}
+
+static const char *name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
+static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 5 || i == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : i == 9 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+static size_t in_count(const OrtCustomOp *op) { (void)op; return 11; }
+static ONNXTensorElementDataType out_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+static size_t out_count(const OrtCustomOp *op) { (void)op; return 3; }
+static void destroy(void *k) { free(k); }
+static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 0 || i == 3 || i == 4 || i == 5 || i == 6 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
+static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
+static OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
+
+static OrtCustomOp gqa_op;
+
+OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+  ort = base->GetApi(API_VERSION);
+  if (!ort) return NULL; /* cannot report: the runtime is older than API 17 */
+  gqa_op.version = API_VERSION;
+  gqa_op.GetName = name;
+  gqa_op.GetExecutionProviderType = provider;
+  gqa_op.GetInputType = in_type;
+  gqa_op.GetInputTypeCount = in_count;
+  gqa_op.GetOutputType = out_type;
+  gqa_op.GetOutputTypeCount = out_count;
+  gqa_op.KernelDestroy = destroy;
+  gqa_op.GetInputCharacteristic = in_kind;
+  gqa_op.GetOutputCharacteristic = out_kind;
+  gqa_op.GetInputMemoryType = mem_type;
+  gqa_op.CreateKernelV2 = create;
+  gqa_op.KernelComputeV2 = compute;
+  OrtCustomOpDomain *domain;
+  TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
+  TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
+  return ort->AddCustomOpDomain(options, domain);
+}
