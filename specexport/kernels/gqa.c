@@ -5,6 +5,8 @@
  * Registered in the domain com.microsoft under the contrib op's name, so a session that loads this library
  * runs it in place of onnxruntime's kernel with the graph unchanged (custom kernels take precedence).
  *
+ * (q, k and v as three inputs, graphs built before 2026-12-03, are taken too.)
+ *
  * Why: onnxruntime's CPU kernel runs two one-row GEMMs per (row, query head), so a KV head's cache is read
  * once per query head that shares it, every pair pays a GEMM's set-up, and its float reductions are plain
  * loops; and it refuses several new tokens per row when a batch of more than one row has a past. Here a task
@@ -36,7 +38,8 @@ typedef struct {
   volatile int oom; /* a task could not allocate its scratch */
   int64_t B, T, S, D, L, tblock, nblocks;
   int prompt;
-  const float *qkv, *cos, *sin, *bias;
+  const float *qp, *kp, *vp, *cos, *sin, *bias; /* head 0 of token 0's q, k, v */
+  int64_t qs, ks, vs;                           /* floats from a token's row to the next */
   const int64_t *pos;
   const int32_t *seqlens;
   float *pk, *pv, *out;
@@ -64,14 +67,13 @@ static int64_t past_of(const Call *c, int64_t b) {
 static void write_kv(void *arg, size_t task) {
   const Call *c = arg;
   const Kernel *k = c->k;
-  int64_t b = task / k->kv_heads, h = task % k->kv_heads, D = c->D, W = (k->heads + 2 * k->kv_heads) * D;
+  int64_t b = task / k->kv_heads, h = task % k->kv_heads, D = c->D;
   int64_t past = past_of(c, b);
   for (int64_t t = 0; t < c->T; t++) {
-    const float *row = c->qkv + (b * c->T + t) * W;
-    int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
+    int64_t bt = b * c->T + t, p = c->pos ? c->pos[bt] : past + t;
     size_t slot = ((b * k->kv_heads + h) * c->S + past + t) * D;
-    rotate(c->pk + slot, row + (k->heads + h) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
-    memcpy(c->pv + slot, row + (k->heads + k->kv_heads + h) * D, D * sizeof(float));
+    rotate(c->pk + slot, c->kp + bt * c->ks + h * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
+    memcpy(c->pv + slot, c->vp + bt * c->vs + h * D, D * sizeof(float));
   }
 }
 
@@ -169,7 +171,7 @@ static void (*const rows[9])(const float *, int64_t, float *, int64_t, const flo
 static void attend(void *arg, size_t task) {
   const Call *c = arg;
   const Kernel *k = c->k;
-  int64_t G = k->heads / k->kv_heads, D = c->D, W = (k->heads + 2 * k->kv_heads) * D;
+  int64_t G = k->heads / k->kv_heads, D = c->D;
   int64_t blk = task % c->nblocks, bh = task / c->nblocks, b = bh / k->kv_heads, h = bh % k->kv_heads;
   int64_t t0 = blk * c->tblock, t1 = t0 + c->tblock < c->T ? t0 + c->tblock : c->T, nt = t1 - t0;
   int64_t past = past_of(c, b), total = (int64_t)c->seqlens[b] + 1;
@@ -188,7 +190,7 @@ static void attend(void *arg, size_t task) {
   const float *bias[nq4];
   memset(q + nq * D, 0, (nq4 - nq) * D * sizeof(float));
   for (int64_t t = t0; t < t1; t++) {
-    const float *row = c->qkv + (b * c->T + t) * W;
+    const float *row = c->qp + (b * c->T + t) * c->qs;
     int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
     for (int64_t g = 0; g < G; g++) {
       int64_t i = (t - t0) * G + g;
@@ -234,16 +236,28 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   const void *p[11];
   for (size_t i = 0; i < 11; i++) TRY(input(ctx, i, &v[i], &p[i]));
   if (!v[0] || !v[3] || !v[4] || !v[5] || !v[6]) return fail("GroupQueryAttention (specexport): query, past_key, past_value, seqlens_k and total_sequence_length are required");
-  if (v[1] || v[2]) return fail("GroupQueryAttention (specexport): takes q, k and v packed in `query` only");
+  if (!v[1] != !v[2]) return fail("GroupQueryAttention (specexport): key and value come together, or packed in query");
   if (k->rotary && (!v[7] || !v[8])) return fail("GroupQueryAttention (specexport): do_rotary needs cos_cache and sin_cache");
   int64_t qd[4], kd[4], bd[4], cd[4];
   size_t r;
   TRY(dims(v[0], qd, &r));
-  if (r != 3) return fail("GroupQueryAttention (specexport): query must be [B, T, (H + 2 Hkv) D]");
+  if (r != 3) return fail("GroupQueryAttention (specexport): query must be [B, T, H D] or [B, T, (H + 2 Hkv) D]");
   TRY(dims(v[3], kd, &r));
   if (r != 4) return fail("GroupQueryAttention (specexport): past_key must be [B, Hkv, S, D]");
   Call c = {.k = k, .B = qd[0], .T = qd[1], .S = kd[2], .D = kd[3]};
-  if (kd[0] != c.B || kd[1] != k->kv_heads || qd[2] != (k->heads + 2 * k->kv_heads) * c.D)
+  int64_t H = k->heads * c.D, Hkv = k->kv_heads * c.D;
+  c.qp = p[0];
+  if (v[1]) { /* q, k and v apart (graphs built before 2026-12-03) */
+    int64_t ed[4], vd[4];
+    TRY(dims(v[1], ed, &r));
+    if (r != 3 || ed[0] != c.B || ed[1] != c.T || ed[2] != Hkv) return fail("GroupQueryAttention (specexport): key must be [B, T, Hkv D]");
+    TRY(dims(v[2], vd, &r));
+    if (r != 3 || vd[0] != c.B || vd[1] != c.T || vd[2] != Hkv) return fail("GroupQueryAttention (specexport): value must be [B, T, Hkv D]");
+    c.kp = p[1], c.vp = p[2], c.qs = H, c.ks = c.vs = Hkv;
+  } else { /* packed: a token's row is its q heads, then k, then v */
+    c.kp = c.qp + H, c.vp = c.qp + H + Hkv, c.qs = c.ks = c.vs = H + 2 * Hkv;
+  }
+  if (kd[0] != c.B || kd[1] != k->kv_heads || qd[2] != c.qs)
     return fail("GroupQueryAttention (specexport): query and past_key shapes disagree");
   if (c.D % 16 || c.D < 16 || c.D > 128)
     return fail("GroupQueryAttention (specexport): head size must be a multiple of 16 up to 128 (run with SPECEXPORT_KERNELS=0)");
@@ -253,7 +267,6 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   }
   c.L = *(const int32_t *)p[6];
   c.prompt = c.L == c.T;
-  c.qkv = p[0];
   c.seqlens = p[5];
   c.cos = p[7];
   c.sin = p[8];
