@@ -420,16 +420,13 @@ class Engine:
                 return
 
     def _first_chunks(self, pre: list[Sequence], budget: int):
-        """-> (first row, B, requests) for one batched call of prefill chunks, one per request, or None. On
-        onnxruntime's own attention kernel a fused graph runs several new tokens per row at B > 1 only when
-        every row of the call is at n = 0 (its "first prompt" mode): first chunks only. On specexport's kernel
-        (any (B, T)) later chunks too, each row at its own n. The call covers a run of rows [first, first+B)
-        that holds only such requests and free rows (their padding is never committed). The largest group
-        whose chunks fit the budget wins."""
+        """-> (first row, B, requests) for one batched call of first prefill chunks, or None. A fused graph
+        runs several new tokens per row at B > 1 only when every row of the call is at n = 0 (onnxruntime's
+        GroupQueryAttention "first prompt" mode), so the call covers a run of rows [first, first+B) that
+        holds only such requests and free rows (n = 0 too; their padding is never committed). The largest
+        group whose chunks fit the budget wins."""
         chunk = self.target.entry.profiles.get("prefill", 1)
-        later = max(self.target.batch_ts(2)) > 1 if self.target.runs_batch(2) else False
-        cands = sorted((s for s in pre if s.fed == 0 or (later and s.fed + chunk <= self.pool.S)),
-                       key=lambda s: s.row)
+        cands = sorted((s for s in pre if s.fed == 0), key=lambda s: s.row)
         if len(cands) < 2 or chunk < 2:
             return None
         busy = {s.row for s in self._active} - {s.row for s in cands}
@@ -448,24 +445,22 @@ class Engine:
         return best
 
     def _prefill_batch(self, r0: int, B: int, group: list[Sequence]) -> int:
-        """Run the next chunk of every request in `group` (rows r0.. of a B-row call, each at its own n) ->
-        tokens fed. Logits only at the last rows of the prompts that chunk completes (every row gets the same
-        T indices)."""
+        """Run the first chunk of every request in `group` (rows r0.. of a B-row call) -> tokens fed. Logits
+        only at the last rows of the prompts that chunk completes (every row gets the same T indices)."""
         chunk = self.target.entry.profiles["prefill"]
-        lens = [min(s.c.generation.stats.prompt_tokens - s.fed, chunk) for s in group]
+        lens = [min(s.c.generation.stats.prompt_tokens, chunk) for s in group]
         T = min(t for t in self.target.profile_ts if t >= max(lens))
         ids = np.zeros((B, T), dtype=np.int64)
-        pos = self.pool.n[r0:r0 + B].astype(np.int64)[:, None] + np.arange(T)[None]
         for s, r in zip(group, lens):
-            ids[s.row - r0, :r] = s.ids[s.fed:s.fed + r]
-        last = sorted({r - 1 for s, r in zip(group, lens)
-                       if s.fed + r == s.c.generation.stats.prompt_tokens}) or [0]
-        out = self.target.step_batch(self.pool, ids, pos, first=r0, rows=last)
+            ids[s.row - r0, :r] = s.ids[:r]
+        last = sorted({r - 1 for s, r in zip(group, lens) if r == s.c.generation.stats.prompt_tokens}) or [0]
+        out = self.target.step_batch(self.pool, ids, np.broadcast_to(np.arange(T), (B, T)).copy(),
+                                     first=r0, rows=last)
         pb = self.counters["prefill_batch"]
         pb[len(group)] = pb.get(len(group), 0) + 1
         for s, r in zip(group, lens):
             self.pool.commit(s.row, out.new_kv, s.row - r0, range(r))
-            s.fed += r
+            s.fed = r
             s.c.generation.stats.prefill_s += out.run_s  # the call's time: this request waited all of it
             if s.prefilled:
                 self._first(s, out.logits[s.row - r0, last.index(r - 1)])
