@@ -345,24 +345,25 @@ static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_
 static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
 static OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
 
-static OrtCustomOp gqa_op;
+static OrtCustomOp gqa_op = {
+    .version = API_VERSION,
+    .GetName = name,
+    .GetExecutionProviderType = provider,
+    .GetInputType = in_type,
+    .GetInputTypeCount = in_count,
+    .GetOutputType = out_type,
+    .GetOutputTypeCount = out_count,
+    .KernelDestroy = destroy,
+    .GetInputCharacteristic = in_kind,
+    .GetOutputCharacteristic = out_kind,
+    .GetInputMemoryType = mem_type,
+    .CreateKernelV2 = create,
+    .KernelComputeV2 = compute,
+};
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
   ort = base->GetApi(API_VERSION);
-  if (!ort) return NULL; /* cannot report: the runtime is older than API 17 */
-  gqa_op.version = API_VERSION;
-  gqa_op.GetName = name;
-  gqa_op.GetExecutionProviderType = provider;
-  gqa_op.GetInputType = in_type;
-  gqa_op.GetInputTypeCount = in_count;
-  gqa_op.GetOutputType = out_type;
-  gqa_op.GetOutputTypeCount = out_count;
-  gqa_op.KernelDestroy = destroy;
-  gqa_op.GetInputCharacteristic = in_kind;
-  gqa_op.GetOutputCharacteristic = out_kind;
-  gqa_op.GetInputMemoryType = mem_type;
-  gqa_op.CreateKernelV2 = create;
-  gqa_op.KernelComputeV2 = compute;
+  if (!ort) return NULL; /* the runtime is older than API 17: nothing registered, its own kernel runs */
   OrtCustomOpDomain *domain;
   TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
   TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
