@@ -12,8 +12,8 @@
  * loops; and it refuses several new tokens per row when a batch of more than one row has a past. Here a task
  * is one (row, KV head, block of up to 16 new tokens): the block's queries of the G query heads that share
  * the KV head are scored against each key as it is read (one dot product per query while few, else 16 keys
- * transposed at a time and 8 queries' scores accumulated in registers), softmax per query with a vectorised
- * exp, and the outputs as register-blocked sums of V rows. Each row's cache is streamed once per block,
+ * transposed at a time, the same sums lane for lane), softmax per query with a vectorised exp, and the
+ * outputs as register-blocked sums of V rows. Each row's cache is streamed once per block,
  * at any T and any B. Semantics as onnxruntime's: seqlens_k[b] + 1 is row b's total length; when
  * total_sequence_length equals T ("first prompt") rows have no past and shorter rows are right-padded.
  * Head sizes: multiples of 16 up to 128 (others are refused at the first call). */
