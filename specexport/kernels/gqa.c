@@ -79,8 +79,6 @@ static void write_kv(void *arg, size_t task) {
 
 typedef float v16 __attribute__((vector_size(64)));               /* 16 floats */
 typedef float v16u __attribute__((vector_size(64), aligned(4))); /* the same at any float's address */
-
-
 typedef int i16 __attribute__((vector_size(64)));
 
 static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
@@ -121,51 +119,25 @@ static inline float hsum(v16 a) {
 
 #define QB 4 /* queries per register block of the outputs */
 
+/* rows1 .. rows8: attend_rows for head sizes 16 .. 128 (gqa_rows.h names each from DV and undefines DV) */
 #define DV 1
-#define ROWS rows1
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 2
-#define ROWS rows2
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 3
-#define ROWS rows3
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 4
-#define ROWS rows4
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 5
-#define ROWS rows5
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 6
-#define ROWS rows6
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 7
-#define ROWS rows7
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 #define DV 8
-#define ROWS rows8
 #include "gqa_rows.h"
-#undef DV
-#undef ROWS
 
-/* by head size / 16 */
-static void (*const rows[9])(const float *, int64_t, float *, int64_t, const float *, const float *, int64_t,
-                              const int64_t *, const float *const *, float *, float *, const int64_t *) = {
-    NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8};
+static __typeof__(rows1) *const rows[9] = {NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8}; /* by D / 16 */
 
 /* Task (b, kv head, block of tokens): the attention of the block's tokens for the G query heads. */
 static void attend(void *arg, size_t task) {
@@ -278,11 +250,11 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
       return fail("GroupQueryAttention (specexport): attention_bias must be [B or 1, 1, T, total_sequence_length]");
     c.bias_rows = (int)bd[0];
   }
+  if (c.prompt && c.T > c.S) return fail("GroupQueryAttention (specexport): T exceeds the cache");
   for (int64_t b = 0; b < c.B; b++) {
     int64_t total = (int64_t)c.seqlens[b] + 1;
     if (total > c.S || total > c.L || (!c.prompt && total < c.T))
       return fail("GroupQueryAttention (specexport): seqlens_k out of range for the cache and T");
-    if (c.prompt && c.T > c.S) return fail("GroupQueryAttention (specexport): T exceeds the cache");
   }
   if (c.pos && k->rotary)
     for (int64_t i = 0; i < c.B * c.T; i++)

@@ -1,13 +1,13 @@
-/* attend_rows for one head size: included once per DV (head size / 16), which the includer defines along
- * with ROWS, the function's name, so that a query block's accumulators are registers. */
+/* attend_rows for one head size: included once per DV (head size / 16), which the includer defines, as a
+ * function rows<DV> of its own, so that a query block's accumulators are registers; DV is undefined after. */
+#define ROWS_CAT(a, b) a##b
+#define ROWS_NAME(dv) ROWS_CAT(rows, dv)
 /* One task's attention, head size D = 16 * DV: nq queries q [nq4, D] (nq4: nq rounded up to QB, the extra
  * rows zero), scratch scores sc [nq4, kpad] and kt [D, 16], keys [0, keys) of K and V [S, D]; len[i]: the
  * keys query i sees (causal); bias[i]: its additive bias row or NULL; its output at out + orow[i]. */
-static void ROWS(const float *q, int64_t nq, float *sc,
-            int64_t kpad, const float *K, const float *V,
-            int64_t keys, const int64_t *len,
-            const float *const *bias, float *kt, float *out,
-            const int64_t *orow) {
+static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, const float *K, const float *V,
+                          int64_t keys, const int64_t *len, const float *const *bias, float *kt, float *out,
+                          const int64_t *orow) {
   const int64_t D = 16 * DV, nq4 = (nq + QB - 1) / QB * QB;
   if (nq < 3 * QB) { /* few queries: a dot product per (query, key), each key read once for all */
     for (int64_t j = 0; j < keys; j++) {
@@ -75,3 +75,4 @@ static void ROWS(const float *q, int64_t nq, float *sc,
       for (int64_t c = 0; c < DV; c++) store(out + orow[i + r] + 16 * c, a[r][c] * (1.0f / z[r]));
   }
 }
+#undef DV
