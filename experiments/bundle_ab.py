@@ -15,11 +15,37 @@ import specexport
 from specexport.bench.config import find_questions, questions
 
 
-def burst(pipe, prompts, n):
+def burst(pipe, prompts, n, **opts):
+    """One burst of `prompts` on pipe's engine, `n` new tokens each -> (tokens per second, each request's tokens)."""
     t = time.perf_counter()
-    cs = [pipe.submit(p, max_new_tokens=n) for p in prompts]
-    toks = [c.wait(900).token_ids for c in cs]
+    cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
+    toks = [c.wait(1800).token_ids for c in cs]
     return sum(len(x) for x in toks) / (time.perf_counter() - t), toks
+
+
+def interleave(pipes, prompts, n, rounds, **opts):
+    """pipes {"A": ..., "B": ...} (engines started) -> (rates {"A": [...], "B": [...]}, the last round's tokens
+    per pipe): a warm burst each, then `rounds` bursts each, the order swapped every round."""
+    for p in pipes.values():
+        burst(p, prompts[:2], 8, **opts)  # warm
+    rates, toks = {"A": [], "B": []}, {}
+    for r in range(rounds):
+        for k in ("AB" if r % 2 == 0 else "BA"):
+            rate, toks[k] = burst(pipes[k], prompts, n, **opts)
+            rates[k].append(rate)
+        print(f"round {r}: A {rates['A'][-1]:.1f}, B {rates['B'][-1]:.1f} tokens/s, B/A {rates['B'][-1] / rates['A'][-1]:.3f}",
+              flush=True)
+    return rates, toks
+
+
+def summary(rates, toks, a="A", b="B") -> str:
+    """Medians, B/A, the per-round ratios and whether both sides' tokens agree request by request."""
+    ma, mb = statistics.median(rates["A"]), statistics.median(rates["B"])
+    ratios = [y / x for x, y in zip(rates["A"], rates["B"])]
+    same = sum(x == y for x, y in zip(toks["A"], toks["B"]))
+    return (f"{a} {ma:.1f}, {b} {mb:.1f} tokens/s (medians), B/A {mb / ma:.3f}x; per-round B/A median "
+            f"{statistics.median(ratios):.3f} ({sum(x > 1 for x in ratios)} of {len(ratios)} rounds B ahead); "
+            f"{same}/{len(toks['A'])} requests' tokens the same under both")
 
 
 def main() -> None:
@@ -35,22 +61,9 @@ def main() -> None:
     prompts = [pipes["A"].encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
     for p in pipes.values():
         p.start_engine(max_batch=a.level, max_queue=len(prompts))
-        burst(p, prompts[:2], 8)  # warm
-    rates, toks = {"A": [], "B": []}, {}
-    for r in range(a.rounds):
-        for k in ("AB" if r % 2 == 0 else "BA"):
-            rate, toks[k] = burst(pipes[k], prompts, a.max_new_tokens)
-            rates[k].append(rate)
-        print(f"round {r}: A {rates['A'][-1]:.1f}, B {rates['B'][-1]:.1f} tokens/s, B/A {rates['B'][-1] / rates['A'][-1]:.3f}",
-              flush=True)
-    ma, mb = statistics.median(rates["A"]), statistics.median(rates["B"])
-    ratios = [b / x for x, b in zip(rates["A"], rates["B"])]
-    same = sum(x == y for x, y in zip(toks["A"], toks["B"]))
-    print(f"level {a.level}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, {a.rounds} rounds: A {ma:.1f}, "
-          f"B {mb:.1f} tokens/s (medians), B/A {mb / ma:.3f}x; per-round B/A median {statistics.median(ratios):.3f} "
-          f"({sum(x > 1 for x in ratios)} of {len(ratios)} rounds B ahead); {same}/{len(prompts)} requests' tokens "
-          "the same under both")
-
+    rates, toks = interleave(pipes, prompts, a.max_new_tokens, a.rounds)
+    print(f"level {a.level}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, {a.rounds} rounds: "
+          + summary(rates, toks))
 
 if __name__ == "__main__":
     main()

@@ -8,19 +8,11 @@ the same bursts, interleaved, order swapped every round.
         [--draft none]
 """
 import argparse
-import statistics
-import time
 import types
 
 import specexport
 from specexport.bench.config import find_questions, questions
-
-
-def burst(pipe, prompts, n, draft):
-    t = time.perf_counter()
-    cs = [pipe.submit(p, max_new_tokens=n, draft=draft) for p in prompts]
-    toks = [c.wait(1800).token_ids for c in cs]
-    return sum(len(x) for x in toks) / (time.perf_counter() - t), toks
+from bundle_ab import interleave, summary  # experiments/: the same bursts, interleaved
 
 
 def main() -> None:
@@ -39,21 +31,9 @@ def main() -> None:
         if k == "A":  # first chunks only, as before
             batched = eng._first_chunks
             eng._first_chunks = types.MethodType(lambda self, pre, budget: batched([s for s in pre if s.fed == 0], budget), eng)
-        burst(p, prompts[:2], 8, a.draft)  # warm
-    rates, toks = {"A": [], "B": []}, {}
-    for r in range(a.rounds):
-        for k in ("AB" if r % 2 == 0 else "BA"):
-            rate, toks[k] = burst(pipes[k], prompts, a.max_new_tokens, a.draft)
-            rates[k].append(rate)
-        print(f"round {r}: A {rates['A'][-1]:.1f}, B {rates['B'][-1]:.1f} tokens/s, B/A {rates['B'][-1] / rates['A'][-1]:.3f}",
-              flush=True)
-    ma, mb = statistics.median(rates["A"]), statistics.median(rates["B"])
-    ratios = [b / x for x, b in zip(rates["A"], rates["B"])]
-    same = sum(x == y for x, y in zip(toks["A"], toks["B"]))
+    rates, toks = interleave(pipes, prompts, a.max_new_tokens, a.rounds, draft=a.draft)
     print(f"level {a.level}, draft {a.draft}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, {a.rounds} rounds: "
-          f"A (first chunks batched) {ma:.1f}, B (later chunks too) {mb:.1f} tokens/s (medians), B/A {mb / ma:.3f}x; "
-          f"per-round B/A median {statistics.median(ratios):.3f} ({sum(x > 1 for x in ratios)} of {len(ratios)} rounds "
-          f"B ahead); {same}/{len(prompts)} requests' tokens the same under both")
+          + summary(rates, toks, "A (first chunks batched)", "B (later chunks too)"))
 
 
 if __name__ == "__main__":
