@@ -1,6 +1,6 @@
-"""specexport's GroupQueryAttention kernel (specexport/kernels/gqa.c) against onnxruntime's own: two sessions
-of one fused target graph, one with the kernel library registered, calls interleaved (order swapped each
-round), same inputs, rows' caches of random numbers, past and present bound to one buffer per session.
+"""specexport's GroupQueryAttention kernel (specexport/kernels/gqa.c) against onnxruntime's own: one fused
+target graph loaded twice, once with the kernel library registered, calls interleaved (order swapped each
+round), same inputs, rows' caches of random numbers, past and present bound to one buffer per copy.
     python experiments/gqa_kernel_ab.py BUNDLE [ROUNDS]
 Calls: decode (1, 1) at 300 cached tokens, (8, 1) at 300-349, (16, 1) at 300-375, a 9-token verify (1, 9), a
 64-token prefill chunk at n = 0, a 256-token chunk at n = 1,024; and what only the kernel takes: (8, 5), 8 rows

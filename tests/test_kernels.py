@@ -1,6 +1,6 @@
 """specexport's GroupQueryAttention kernel (specexport/kernels/gqa.c) against onnxruntime's own, on a real fused
-bundle's target graph: the same calls through two sessions of the same graph, one with the kernel library
-registered, one without. The rest of the suite (lossless greedy and sampling, the engine) runs on the kernel."""
+bundle's target graph: the same calls on the same graph loaded twice, once with the kernel library
+registered, once without. The rest of the suite (lossless greedy and sampling, the engine) runs on the kernel."""
 import json
 import logging
 
