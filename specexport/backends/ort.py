@@ -31,7 +31,8 @@ class OrtBackend(BackendBase):
         self.fused = entry.attention == "fused"
         # a fused graph's GroupQueryAttention nodes run specexport's kernel where it builds (kernels/gqa.c;
         # CPU sessions only): None where onnxruntime's own runs
-        self.kernel = kernels.library(entry.arch["head_dim"]) if self.fused and providers in (None, ["CPUExecutionProvider"]) else None
+        cpu = providers in (None, ["CPUExecutionProvider"])
+        self.kernel = kernels.library(entry.arch["head_dim"]) if self.fused and cpu else None
         self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel),
                                             providers=providers or ["CPUExecutionProvider"])
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
@@ -229,8 +230,8 @@ class OrtBackend(BackendBase):
             import onnxruntime as ort
 
             try:
-                sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]), session_options(None, self.kernel),
-                                            providers=self.session.get_providers())
+                sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]),
+                                            session_options(None, self.kernel), providers=self.session.get_providers())
             except Exception as e:  # noqa: BLE001 -- whatever onnxruntime raises on a bad graph
                 raise BundleError(f"{self.entry.mixed['graph']}: onnxruntime cannot load the mixed graph "
                                   f"({str(e)[:300]}): rebuild the bundle") from None
@@ -245,10 +246,10 @@ class OrtBackend(BackendBase):
     def step_mixed(self, pool: KVPool, ids: np.ndarray, positions: np.ndarray, new_mask: np.ndarray | None,
                    group: list, first: int = 0, rows=None) -> tuple[StepOut, list]:
         """ONE call of the mixed graph: the batch as `step_batch` (pool rows [first, first+B), ids and
-        positions [B,T]; T > 1 needs B = 1 or every row at n = 0 on onnxruntime's own attention kernel) and each group (r, ids [Tg], positions [Tg],
-        new_mask [Tg,Tg] or None for causal, logit rows or None for all) on pool row r, one batch-1 attention
-        each. A group's row inside the batch is fed there as padding that writes one slot past the group's
-        tokens (it needs n_r + Tg + T <= S). -> (the batch's StepOut, one StepOut per group, logits [Rg,V],
+        positions [B,T]; on onnxruntime's own attention kernel T > 1 needs B = 1 or every row at n = 0) and each
+        group (r, ids [Tg], positions [Tg], new_mask [Tg,Tg] or None for causal, logit rows or None for all) on
+        pool row r, one batch-1 attention each. A group's row inside the batch is fed there as padding that
+        writes one slot past the group's tokens (it needs n_r + Tg + T <= S). -> (the batch's StepOut, one StepOut per group, logits [Rg,V],
         new_kv [L,2,1,Hkv,Tg,D]); nothing is committed."""
         B, T = ids.shape
         P = self.groups
