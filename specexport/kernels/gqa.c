@@ -106,6 +106,19 @@ static inline v16 exp16(v16 x) {
 }
 
 static inline v16 load(const float *p) { return *(const v16u *)p; }
+
+/* whether b[0..n) are all zeros of either sign (adding them changes no sum) */
+static inline int zeros(const float *b, int64_t n) {
+  typedef int i16u __attribute__((vector_size(64), aligned(4)));
+  const int32_t *u = (const int32_t *)b;
+  i16 acc = {0};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) acc |= *(const i16u *)(u + j);
+  int any = 0;
+  for (; j < n; j++) any |= u[j];
+  for (int l = 0; l < 16; l++) any |= acc[l];
+  return !(any & 0x7fffffff);
+}
 static inline void store(float *p, v16 v) { *(v16u *)p = v; }
 
 /* the sum of a vector's lanes as a tree (4 shuffles and adds) */
@@ -139,6 +152,19 @@ static inline float hsum(v16 a) {
 
 static __typeof__(rows1) *const rows[9] = {NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8}; /* by D / 16 */
 
+/* A task's scratch: one buffer per thread, kept and grown to the largest task it has run (a fresh block per
+ * task was a fresh mapping of a few hundred kB, page faults and all, every task of every layer) */
+static void *scratch(size_t bytes) {
+  static __thread void *buf;
+  static __thread size_t cap;
+  if (bytes > cap) {
+    free(buf);
+    cap = (bytes + 4095) & ~(size_t)4095;
+    if (!(buf = aligned_alloc(64, cap))) cap = 0;
+  }
+  return buf;
+}
+
 /* Task (b, kv head, block of tokens): the attention of the block's tokens for the G query heads. */
 static void attend(void *arg, size_t task) {
   const Call *c = arg;
@@ -147,16 +173,16 @@ static void attend(void *arg, size_t task) {
   int64_t blk = task % c->nblocks, bh = task / c->nblocks, b = bh / k->kv_heads, h = bh % k->kv_heads;
   int64_t t0 = blk * c->tblock, t1 = t0 + c->tblock < c->T ? t0 + c->tblock : c->T, nt = t1 - t0;
   int64_t past = past_of(c, b), total = (int64_t)c->seqlens[b] + 1;
-  int64_t nq = nt * G, nq4 = (nq + QB - 1) / QB * QB;
+  int64_t nq = nt * G, nq4 = (nq + QB - 1) / QB * QB, nq16 = (nq + 15) & ~15;
   int64_t keys = c->prompt ? (t1 < total ? t1 : total) : past + t1; /* keys any query sees */
   int64_t kpad = (keys + 15) & ~15;
   const float *K = c->pk + (b * k->kv_heads + h) * c->S * D, *V = c->pv + (b * k->kv_heads + h) * c->S * D;
-  float *q = aligned_alloc(64, sizeof(float) * (nq4 * D + nq4 * kpad + 16 * D)); /* sizes: multiples of 64 B */
+  float *q = scratch(sizeof(float) * (nq4 * D + nq16 * kpad + 16 * D)); /* sizes: multiples of 64 B */
   if (!q) {
     ((Call *)c)->oom = 1;
     return;
   }
-  float *sc = q + nq4 * D, *kt = sc + nq4 * kpad;
+  float *sc = q + nq4 * D, *qt = sc + nq16 * kpad;
   float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
   int64_t len[nq], orow[nq];
   const float *bias[nq4];
@@ -173,8 +199,7 @@ static void attend(void *arg, size_t task) {
       bias[i] = c->bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
     }
   }
-  rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, kt, c->out, orow);
-  free(q);
+  rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, qt, c->out, orow);
 }
 
 static OrtStatus *fail(const char *msg) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, msg); }

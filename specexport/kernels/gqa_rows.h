@@ -2,77 +2,156 @@
  * function rows<DV> of its own, so that a query block's accumulators are registers; DV is undefined after. */
 #define ROWS_CAT(a, b) a##b
 #define ROWS_NAME(dv) ROWS_CAT(rows, dv)
+#define PV_NAME(dv) ROWS_CAT(pv, dv)
+#define LANE2_NAME(dv) ROWS_CAT(lane2_, dv)
+#define SCORE4_NAME(dv) ROWS_CAT(score4_, dv)
+#define OUT16_NAME(dv) ROWS_CAT(out16_, dv)
+
+/* The outputs of PB queries (4; 2 at head sizes over 64, so that the sums stay in registers): sums of
+ * exp-weighted V rows, and of the weights as vectors of equal lanes, both in key order (so that a tree's
+ * token sums the same terms in the same order as its decode call will), then divided. Query r's weight of
+ * key j is w[r * si + j * sj]; the first cnt (<= PB) queries are stored. */
+#define PB (DV > 4 ? 2 : 4)
+static inline void PV_NAME(DV)(const float *w, int64_t si, int64_t sj, int64_t cnt, const int64_t *len,
+                               const float *V, float *out, const int64_t *orow) {
+  const int64_t D = 16 * DV;
+  v16 a[PB][DV], z[PB];
+  for (int r = 0; r < PB; r++) {
+    z[r] = (v16){0};
+    for (int64_t c = 0; c < DV; c++) a[r][c] = (v16){0};
+  }
+  int64_t n = 0;
+  for (int r = 0; r < cnt; r++) n = len[r] > n ? len[r] : n;
+  for (int64_t j = 0; j < n; j++) {
+    v16 wr[PB];
+    for (int r = 0; r < PB; r++) wr[r] = (v16){0} + w[r * si + j * sj], z[r] += wr[r];
+    for (int64_t c = 0; c < DV; c++) {
+      v16 v = load(V + j * D + 16 * c);
+      for (int r = 0; r < PB; r++) a[r][c] += wr[r] * v;
+    }
+  }
+  for (int r = 0; r < cnt; r++)
+    for (int64_t c = 0; c < DV; c++) store(out + orow[r] + 16 * c, a[r][c] * (1.0f / z[r][0]));
+}
+
+/* Scores of 16 queries (qt [D][16], lanes = queries) against four keys k[0..3], stored as s[16 i + lane]:
+ * per lane l of the head, sum over c of q[16c + l] k[16c + l], then the lanes in hsum's tree
+ * ((b0 + b4) + (b2 + b6)) + ((b1 + b5) + (b3 + b7)) with b_l = lane l + lane l + 8, in that order so that
+ * few partial sums are live at once. */
+static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l, v16 *b) {
+  v16 p[4] = {{0}}, h[4] = {{0}};
+  for (int64_t c = 0; c < DV; c++) {
+    v16 x = load(qt + (16 * c + l) * 16), y = load(qt + (16 * c + l + 8) * 16);
+    for (int i = 0; i < 4; i++) p[i] += x * k[i][16 * c + l], h[i] += y * k[i][16 * c + l + 8];
+  }
+  for (int i = 0; i < 4; i++) b[i] = p[i] + h[i];
+}
+
+static inline void SCORE4_NAME(DV)(const float *qt, const float *const *k, float *s) {
+  v16 b0[4], b1[4], e0[4], e1[4];
+  LANE2_NAME(DV)(qt, k, 0, b0);
+  LANE2_NAME(DV)(qt, k, 4, b1);
+  for (int i = 0; i < 4; i++) e0[i] = b0[i] + b1[i];
+  LANE2_NAME(DV)(qt, k, 2, b0);
+  LANE2_NAME(DV)(qt, k, 6, b1);
+  for (int i = 0; i < 4; i++) e0[i] = e0[i] + (b0[i] + b1[i]);
+  LANE2_NAME(DV)(qt, k, 1, b0);
+  LANE2_NAME(DV)(qt, k, 5, b1);
+  for (int i = 0; i < 4; i++) e1[i] = b0[i] + b1[i];
+  LANE2_NAME(DV)(qt, k, 3, b0);
+  LANE2_NAME(DV)(qt, k, 7, b1);
+  for (int i = 0; i < 4; i++) store(s + 16 * i, e0[i] + (e1[i] + (b0[i] + b1[i])));
+}
+
+/* The outputs of 16 queries (lanes) from their weights s [n][16]: per 16 dims of the head, each query's sum
+ * of weight * V element in key order (the same FMAs as PV's), the weights' sums likewise, then divided. */
+static inline void OUT16_NAME(DV)(const float *s, int64_t n, const float *V, int64_t cnt, float *out,
+                                  const int64_t *orow) {
+  const int64_t D = 16 * DV;
+  v16 z = {0};
+  for (int64_t j = 0; j < n; j++) z += load(s + j * 16);
+  v16 rz = 1.0f / z;
+  for (int64_t c = 0; c < DV; c++) {
+    v16 o[16];
+    for (int d = 0; d < 16; d++) o[d] = (v16){0};
+    for (int64_t j = 0; j < n; j++) {
+      v16 w = load(s + j * 16);
+      for (int d = 0; d < 16; d++) o[d] += w * V[j * D + 16 * c + d];
+    }
+    for (int64_t r = 0; r < cnt; r++)
+      for (int d = 0; d < 16; d++) out[orow[r] + 16 * c + d] = o[d][r] * rz[r];
+  }
+}
+
 /* One task's attention, head size D = 16 * DV: nq queries q [nq4, D] (nq4: nq rounded up to QB, the extra
- * rows zero), scratch scores sc [nq4, kpad] and kt [D, 16], keys [0, keys) of K and V [S, D]; len[i]: the
- * keys query i sees (causal); bias[i]: its additive bias row or NULL; its output at out + orow[i]. */
+ * rows zero), scratch scores sc [nq rounded up to 16, kpad] and qt [D, 16], keys [0, keys) of K and V [S, D];
+ * len[i]: the keys query i sees (causal); bias[i]: its additive bias row or NULL; its output at out + orow[i].
+ * A score is the same sum whichever path computes it: per lane l of the head, q[16c + l] k[16c + l] summed
+ * over c from zero (so each `+=` has one product to fuse: one FMA per term), then the lanes as hsum's tree. */
 static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, const float *K, const float *V,
-                          int64_t keys, const int64_t *len, const float *const *bias, float *kt, float *out,
+                          int64_t keys, const int64_t *len, const float *const *bias, float *qt, float *out,
                           const int64_t *orow) {
   const int64_t D = 16 * DV, nq4 = (nq + QB - 1) / QB * QB;
-  if (nq < 3 * QB) { /* few queries: a dot product per (query, key), each key read once for all */
+  if (nq < 3 * QB) { /* few queries (decode rows): a dot product per (query, key), each key read once */
     for (int64_t j = 0; j < keys; j++) {
       v16 kj[DV];
       for (int64_t c = 0; c < DV; c++) kj[c] = load(K + j * D + 16 * c);
       for (int64_t i = 0; i < nq; i++) {
-        v16 a = {0}; /* from zero, so that each `+=` has one product to fuse: one FMA per term, the same
-                      * in both paths whichever products a compiler would otherwise pick to fuse */
+        v16 a = {0};
         for (int64_t c = 0; c < DV; c++) a += load(q + i * D + 16 * c) * kj[c];
         sc[i * kpad + j] = hsum(a);
       }
     }
-  } else { /* many: 16 keys at a time transposed, so that a query's 16 scores are vectors of broadcast
-            * products; the same sums as the dot products lane for lane (partial sums per lane l of the head,
-            * then hsum's tree), so a token's scores do not depend on which path its call takes */
-    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
-      int64_t m = keys - j0 < 16 ? keys - j0 : 16;
-      for (int64_t jj = 0; jj < 16; jj++)
-        for (int64_t d = 0; d < D; d++) kt[d * 16 + jj] = jj < m ? K[(j0 + jj) * D + d] : 0.0f;
-      for (int64_t i = 0; i < nq; i++) {
-        const float *qi = q + i * D;
-        v16 p[16];
-        for (int l = 0; l < 16; l++) p[l] = (v16){0};
-        for (int64_t c = 0; c < DV; c++)
-          for (int l = 0; l < 16; l++) p[l] += qi[16 * c + l] * load(kt + (16 * c + l) * 16);
-        for (int l = 0; l < 8; l++) p[l] += p[l + 8];
-        for (int l = 0; l < 4; l++) p[l] += p[l + 4];
-        store(sc + i * kpad + j0, (p[0] + p[2]) + (p[1] + p[3]));
+    for (int64_t i = 0; i < nq4; i++) { /* softmax over each query's keys; rows past nq all zero */
+      float *s = sc + i * kpad;
+      int64_t n = i < nq ? len[i] : 0;
+      if (n && bias[i])
+        for (int64_t j = 0; j < n; j++) s[j] += bias[i][j];
+      for (int64_t j = n; j < kpad; j++) s[j] = -INFINITY;
+      if (!n) {
+        memset(s, 0, kpad * sizeof(float));
+        continue;
       }
+      v16 mv = load(s);
+      for (int64_t j = 16; j < kpad; j += 16) mv = sel(load(s + j) > mv, load(s + j), mv);
+      float m = mv[0];
+      for (int l = 1; l < 16; l++) m = mv[l] > m ? mv[l] : m;
+      for (int64_t j = 0; j < kpad; j += 16) store(s + j, exp16(load(s + j) - m));
     }
+    for (int64_t i = 0; i < nq; i += PB)
+      PV_NAME(DV)(sc + i * kpad, kpad, 1, nq - i < PB ? nq - i : PB, len + i, V, out, orow + i);
+    return;
   }
-  for (int64_t i = 0; i < nq4; i++) { /* softmax over each query's keys; rows past nq all zero */
-    float *s = sc + i * kpad;
-    int64_t n = i < nq ? len[i] : 0;
-    if (n && bias[i])
-      for (int64_t j = 0; j < n; j++) s[j] += bias[i][j];
-    for (int64_t j = n; j < kpad; j++) s[j] = -INFINITY;
-    if (!n) {
-      memset(s, 0, kpad * sizeof(float));
-      continue;
+  /* many (verify blocks, prefill chunks): 16 queries as the lanes of a vector, their q transposed once
+   * (qt [D][16]); four keys at a time broadcast from the cache rows as they are read (score4); the scores
+   * stay [key][16 queries] through the softmax and the outputs (out16) */
+  const v16 ninf = (v16){0} - INFINITY;
+  for (int64_t g0 = 0; g0 < nq; g0 += 16) {
+    int64_t cnt = nq - g0 < 16 ? nq - g0 : 16, n = 0;
+    float *s = sc + g0 * kpad;
+    i16 lv = {0};
+    for (int r = 0; r < cnt; r++) lv[r] = (int)len[g0 + r], n = len[g0 + r] > n ? len[g0 + r] : n;
+    for (int64_t d = 0; d < D; d++)
+      for (int r = 0; r < 16; r++) qt[d * 16 + r] = r < cnt ? q[(g0 + r) * D + d] : 0.0f;
+    for (int64_t j = 0; j < n; j += 4) { /* rows up to j + 3 < kpad are scratch; keys past n repeat n - 1 */
+      const float *k[4];
+      for (int i = 0; i < 4; i++) k[i] = K + (j + i < n ? j + i : n - 1) * D;
+      SCORE4_NAME(DV)(qt, k, s + j * 16);
     }
-    v16 mv = load(s);
-    for (int64_t j = 16; j < kpad; j += 16) mv = sel(load(s + j) > mv, load(s + j), mv);
-    float m = mv[0];
-    for (int l = 1; l < 16; l++) m = mv[l] > m ? mv[l] : m;
-    for (int64_t j = 0; j < kpad; j += 16) store(s + j, exp16(load(s + j) - m));
-  }
-  /* outputs: QB queries' sums of exp-weighted V rows in registers, and of the weights (in key order, so
-   * that a tree's token sums the same terms in the same order as its decode call will), then divided */
-  for (int64_t i = 0; i < nq4; i += QB) {
-    v16 a[QB][DV];
-    float z[QB] = {0};
-    for (int r = 0; r < QB; r++)
-      for (int64_t c = 0; c < DV; c++) a[r][c] = (v16){0};
-    int64_t n = 0;
-    for (int r = 0; r < QB && i + r < nq; r++) n = len[i + r] > n ? len[i + r] : n;
+    for (int r = 0; r < cnt; r++) /* softmax over each lane's keys, as the few queries'; a bias row of zeros
+                                    * (every causal call's) changes no score and is skipped */
+      if (bias[g0 + r] && !zeros(bias[g0 + r], len[g0 + r]))
+        for (int64_t j = 0; j < len[g0 + r]; j++) s[j * 16 + r] += bias[g0 + r][j];
+    v16 mv = ninf;
     for (int64_t j = 0; j < n; j++) {
-      for (int r = 0; r < QB; r++) z[r] += sc[(i + r) * kpad + j];
-      for (int64_t c = 0; c < DV; c++) {
-        v16 v = load(V + j * D + 16 * c);
-        for (int r = 0; r < QB; r++) a[r][c] += sc[(i + r) * kpad + j] * v;
-      }
+      v16 x = sel((i16){0} + (int)j >= lv, ninf, load(s + j * 16));
+      mv = sel(x > mv, x, mv);
     }
-    for (int r = 0; r < QB && i + r < nq; r++)
-      for (int64_t c = 0; c < DV; c++) store(out + orow[i + r] + 16 * c, a[r][c] * (1.0f / z[r]));
+    mv = sel(lv == 0, (v16){0}, mv); /* a padding lane: no keys, weights 0 */
+    for (int64_t j = 0; j < n; j++)
+      store(s + j * 16, exp16(sel((i16){0} + (int)j >= lv, ninf, load(s + j * 16)) - mv));
+    OUT16_NAME(DV)(s, n, V, cnt, out, orow + g0);
   }
 }
+#undef PB
 #undef DV
