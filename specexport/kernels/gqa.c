@@ -83,13 +83,12 @@ typedef int i16 __attribute__((vector_size(64)));
 
 static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
 
-/* exp of 16 floats: 2^n * p(r), n = floor(x / ln 2 + 1/2), r = x - n ln 2 (Cephes' expf polynomial, ~1
- * ulp); 0 below -87.3 (a masked score: -inf) */
+/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = floor(x / ln 2 + 1/2),
+ * r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 (a masked score: -inf) */
 static inline v16 exp16(v16 x) {
   const v16 zero = {0};
   i16 under = x < -87.3f;
   x = sel(under, zero - 87.3f, x);
-  x = sel(x > 88.3f, zero + 88.3f, x);
   v16 y = x * 1.44269504088896341f + 0.5f;
   v16 n = __builtin_convertvector(__builtin_convertvector(y, i16), v16);
   n = sel(n > y, n - 1.0f, n);

@@ -63,13 +63,11 @@ static inline void SCORE4_NAME(DV)(const float *qt, const float *const *k, float
   for (int i = 0; i < 4; i++) store(s + 16 * i, e0[i] + (e1[i] + (b0[i] + b1[i])));
 }
 
-/* The outputs of 16 queries (lanes) from their weights s [n][16]: per 16 dims of the head, each query's sum
- * of weight * V element in key order (the same FMAs as PV's), the weights' sums likewise, then divided. */
-static inline void OUT16_NAME(DV)(const float *s, int64_t n, const float *V, int64_t cnt, float *out,
+/* The outputs of 16 queries (lanes) from their weights s [n][16] and the weights' sums z (in key order): per
+ * 16 dims of the head, each query's sum of weight * V element in key order (the same FMAs as PV's), divided. */
+static inline void OUT16_NAME(DV)(const float *s, int64_t n, v16 z, const float *V, int64_t cnt, float *out,
                                   const int64_t *orow) {
   const int64_t D = 16 * DV;
-  v16 z = {0};
-  for (int64_t j = 0; j < n; j++) z += load(s + j * 16);
   v16 rz = 1.0f / z;
   for (int64_t c = 0; c < DV; c++) {
     v16 o[16];
@@ -142,15 +140,22 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
                                     * (every causal call's) changes no score and is skipped */
       if (bias[g0 + r] && !zeros(bias[g0 + r], len[g0 + r]))
         for (int64_t j = 0; j < len[g0 + r]; j++) s[j * 16 + r] += bias[g0 + r][j];
-    v16 mv = ninf;
-    for (int64_t j = 0; j < n; j++) {
+    int64_t n0 = n; /* keys every lane sees: no mask below n0 */
+    for (int r = 0; r < cnt; r++) n0 = len[g0 + r] < n0 ? len[g0 + r] : n0;
+    v16 mv = ninf, z = {0};
+    for (int64_t j = 0; j < n0; j++) mv = sel(load(s + j * 16) > mv, load(s + j * 16), mv);
+    for (int64_t j = n0; j < n; j++) {
       v16 x = sel((i16){0} + (int)j >= lv, ninf, load(s + j * 16));
+      store(s + j * 16, x);
       mv = sel(x > mv, x, mv);
     }
     mv = sel(lv == 0, (v16){0}, mv); /* a padding lane: no keys, weights 0 */
-    for (int64_t j = 0; j < n; j++)
-      store(s + j * 16, exp16(sel((i16){0} + (int)j >= lv, ninf, load(s + j * 16)) - mv));
-    OUT16_NAME(DV)(s, n, V, cnt, out, orow + g0);
+    for (int64_t j = 0; j < n; j++) { /* the weights, and their sums in key order */
+      v16 e = exp16(load(s + j * 16) - mv);
+      store(s + j * 16, e);
+      z += e;
+    }
+    OUT16_NAME(DV)(s, n, z, V, cnt, out, orow + g0);
   }
 }
 #undef PB
