@@ -83,15 +83,15 @@ typedef int i16 __attribute__((vector_size(64)));
 
 static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
 
-/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = floor(x / ln 2 + 1/2),
- * r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 (a masked score: -inf) */
+/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest
+ * (adding 1.5 * 2^23 leaves n in the low bits of t), r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp);
+ * 0 below -87.3 (a masked score: -inf) */
 static inline v16 exp16(v16 x) {
   const v16 zero = {0};
   i16 under = x < -87.3f;
   x = sel(under, zero - 87.3f, x);
-  v16 y = x * 1.44269504088896341f + 0.5f;
-  v16 n = __builtin_convertvector(__builtin_convertvector(y, i16), v16);
-  n = sel(n > y, n - 1.0f, n);
+  v16 t = x * 1.44269504088896341f + 12582912.0f;
+  v16 n = t - 12582912.0f;
   v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
   v16 p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -100,7 +100,7 @@ static inline v16 exp16(v16 x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  p = p * (v16)((__builtin_convertvector(n, i16) + 127) << 23);
+  p = p * (v16)(((i16)t + (127 - 0x4b400000)) << 23);
   return sel(under, zero, p);
 }
 

@@ -131,20 +131,25 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
     for (int r = 0; r < cnt; r++) lv[r] = (int)len[g0 + r], n = len[g0 + r] > n ? len[g0 + r] : n;
     for (int64_t d = 0; d < D; d++)
       for (int r = 0; r < 16; r++) qt[d * 16 + r] = r < cnt ? q[(g0 + r) * D + d] : 0.0f;
+    int nobias = 1; /* a bias row of zeros (every causal call's) changes no score and is skipped */
+    for (int r = 0; r < cnt; r++) nobias &= !bias[g0 + r] || zeros(bias[g0 + r], len[g0 + r]);
+    int64_t n0 = n; /* keys every lane sees: no mask below n0 */
+    for (int r = 0; r < cnt; r++) n0 = len[g0 + r] < n0 ? len[g0 + r] : n0;
+    v16 mv = ninf, z = {0};
     for (int64_t j = 0; j < n; j += 4) { /* rows up to j + 3 < kpad are scratch; keys past n repeat n - 1 */
       const float *k[4];
       for (int i = 0; i < 4; i++) k[i] = K + (j + i < n ? j + i : n - 1) * D;
       SCORE4_NAME(DV)(qt, k, s + j * 16);
+      if (j + 4 <= n0 && nobias) /* the softmax's largest score, as the scores come */
+        for (int i = 0; i < 4; i++) mv = sel(load(s + (j + i) * 16) > mv, load(s + (j + i) * 16), mv);
     }
-    for (int r = 0; r < cnt; r++) /* softmax over each lane's keys, as the few queries'; a bias row of zeros
-                                    * (every causal call's) changes no score and is skipped */
-      if (bias[g0 + r] && !zeros(bias[g0 + r], len[g0 + r]))
-        for (int64_t j = 0; j < len[g0 + r]; j++) s[j * 16 + r] += bias[g0 + r][j];
-    int64_t n0 = n; /* keys every lane sees: no mask below n0 */
-    for (int r = 0; r < cnt; r++) n0 = len[g0 + r] < n0 ? len[g0 + r] : n0;
-    v16 mv = ninf, z = {0};
-    for (int64_t j = 0; j < n0; j++) mv = sel(load(s + j * 16) > mv, load(s + j * 16), mv);
-    for (int64_t j = n0; j < n; j++) {
+    if (!nobias) { /* softmax over each lane's keys, as the few queries' */
+      for (int r = 0; r < cnt; r++)
+        if (bias[g0 + r])
+          for (int64_t j = 0; j < len[g0 + r]; j++) s[j * 16 + r] += bias[g0 + r][j];
+      for (int64_t j = 0; j < n0; j++) mv = sel(load(s + j * 16) > mv, load(s + j * 16), mv);
+    }
+    for (int64_t j = n0 / 4 * 4; j < n; j++) {
       v16 x = sel((i16){0} + (int)j >= lv, ninf, load(s + j * 16));
       store(s + j * 16, x);
       mv = sel(x > mv, x, mv);
