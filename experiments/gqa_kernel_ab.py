@@ -1,24 +1,38 @@
 """specexport's GroupQueryAttention kernel (specexport/kernels/gqa.c) against onnxruntime's own: one fused
 target graph loaded twice, once with the kernel library registered, calls interleaved (order swapped each
 round), same inputs, rows' caches of random numbers, past and present bound to one buffer per copy.
-    python experiments/gqa_kernel_ab.py BUNDLE [ROUNDS]
+    python experiments/gqa_kernel_ab.py BUNDLE [ROUNDS] [--against REV]
+--against REV: the other copy runs the kernel of git revision REV (its gqa.c and gqa_rows.h compiled with the
+same flags) instead of onnxruntime's, to compare two versions of ours.
 Calls: decode (1, 1) at 300 cached tokens, (8, 1) at 300-349, (16, 1) at 300-375, a 9-token verify (1, 9), a
 64-token prefill chunk at n = 0, a 256-token chunk at n = 1,024; and what only the kernel takes: (8, 5), 8 rows
 verifying 5 tokens each at 300-349, against onnxruntime's way, 8 calls (1, 5)."""
-import collections, json, statistics, sys, time
+import collections, json, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 import numpy as np, onnxruntime as ort
 from specexport import kernels
 from specexport.backends.ort import fused_feeds, session_options
 
-root = Path(sys.argv[1])
-ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+args = sys.argv[1:]
+rev = args.pop(args.index("--against") + 1) if "--against" in args else None
+args = [a for a in args if a != "--against"]
+root = Path(args[0])
+ROUNDS = int(args[1]) if len(args) > 1 else 10
 arch = json.loads((root / "manifest.json").read_text())["models"]["target"]["arch"]
 L, Hkv, D, V, S = arch["num_layers"], arch["num_kv_heads"], arch["head_dim"], arch["vocab_size"], 2048
 lib = kernels.library(D)
 assert lib, "the kernel library did not build"
+other, them = None, rev or "onnxruntime"
+if rev:  # REV's kernel sources, compiled as kernels.build does
+    tmp = Path(tempfile.mkdtemp())
+    for name in kernels.SOURCES:
+        src = subprocess.run(["git", "show", f"{rev}:specexport/kernels/{name}"], capture_output=True, check=True)
+        (tmp / name).write_bytes(src.stdout)
+    other = str(tmp / "lib.so")
+    subprocess.run([kernels.compiler(), *kernels.FLAGS, "-I", str(kernels.HERE / "include"), "-o", other,
+                    str(tmp / "gqa.c"), "-lm"], check=True)
 sessions = {w: ort.InferenceSession(str(root / "target.onnx"), session_options(2, k), providers=["CPUExecutionProvider"])
-            for w, k in (("ours", lib), ("ort", None))}
+            for w, k in (("ours", lib), ("ort", other))}
 base = np.random.default_rng(0).standard_normal((L, 2, 16, Hkv, S, D), dtype=np.float32) * 0.5
 caches = {w: base.copy() for w in sessions}
 
@@ -59,7 +73,7 @@ for name, (n, T) in cases.items():
     a, b = call("ours", n, T)[1], call("ort", n, T)[1]
     print(f"{name}: max |logit diff| {np.abs(a - b).max():.2e}, argmax same {(a.argmax(-1) == b.argmax(-1)).mean():.2f}")
 n8 = 300 + 7 * np.arange(8)
-a, b = call("ours", n8, 5)[1], rows_apart("ort", n8, 5)[1]
+a, b = call("ours", n8, 5)[1], (call("ort", n8, 5) if rev else rows_apart("ort", n8, 5))[1]
 print(f"(8,5) against 8 x (1,5): max |logit diff| {np.abs(a - b).max():.2e}, argmax same {(a.argmax(-1) == b.argmax(-1)).mean():.2f}")
 times = collections.defaultdict(list)
 for r in range(ROUNDS):
@@ -67,8 +81,8 @@ for r in range(ROUNDS):
         for who in (("ours", "ort") if r % 2 else ("ort", "ours")):
             times[name, who].append(call(who, n, T)[0])
     for who in (("ours", "ort") if r % 2 else ("ort", "ours")):
-        times["(8,5) n=300..349", who].append(call("ours", n8, 5)[0] if who == "ours" else rows_apart("ort", n8, 5)[0])
+        times["(8,5) n=300..349", who].append(call(who, n8, 5)[0] if who == "ours" or rev else rows_apart("ort", n8, 5)[0])
 for name in list(cases) + ["(8,5) n=300..349"]:
     o, t = (statistics.median(times[name, w]) * 1e3 for w in ("ours", "ort"))
-    print(f"{name}: onnxruntime {t:.2f} ms, ours {o:.2f} ms, onnxruntime/ours {t / o:.3f}x"
-          + (" (onnxruntime: 8 calls of (1,5))" if name.startswith("(8,5)") else ""))
+    print(f"{name}: {them} {t:.2f} ms, ours {o:.2f} ms, {them}/ours {t / o:.3f}x"
+          + (f" ({them}: 8 calls of (1,5))" if name.startswith("(8,5)") and not rev else ""))

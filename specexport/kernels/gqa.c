@@ -11,10 +11,10 @@
  * once per query head that shares it, every pair pays a GEMM's set-up, and its float reductions are plain
  * loops; and it refuses several new tokens per row when a batch of more than one row has a past. Here a task
  * is one (row, KV head, block of up to 16 new tokens): the block's queries of the G query heads that share
- * the KV head are scored against each key as it is read (one dot product per query while few, else 16 keys
- * transposed at a time, the same sums lane for lane), softmax per query with a vectorised exp, and the
- * outputs as register-blocked sums of V rows. Each row's cache is streamed once per block,
- * at any T and any B. Semantics as onnxruntime's: seqlens_k[b] + 1 is row b's total length; when
+ * the KV head are scored against each key as it is read (one dot product per query while few; else 16
+ * queries as the lanes of a vector against keys broadcast from the cache, the same sums lane for lane),
+ * softmax with a vectorised exp, and the outputs as register-blocked sums of V rows. Each row's cache is
+ * streamed once per block (per 16 queries on the second path), at any T and any B. Semantics as onnxruntime's: seqlens_k[b] + 1 is row b's total length; when
  * total_sequence_length equals T ("first prompt") rows have no past and shorter rows are right-padded.
  * Head sizes: multiples of 16 up to 128 (others are refused at the first call). */
 #include <math.h>
@@ -129,7 +129,7 @@ static inline float hsum(v16 a) {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-#define QB 4 /* queries per register block of the outputs */
+#define QB 4 /* a task's query rows are padded to a multiple of QB; fewer than 3 QB take the dot-product path */
 
 /* rows1 .. rows8: attend_rows for head sizes 16 .. 128 (gqa_rows.h names each from DV and undefines DV) */
 #define DV 1
