@@ -10,7 +10,7 @@ prof = len(sys.argv) > 3
 pipe = specexport.load(bundle, verify=False)
 t = pipe.target
 if prof:
-    so = session_options(); so.enable_profiling = True
+    so = session_options(None, t.kernel); so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "bprof")
     t.session = ort.InferenceSession(str(pipe.root / t.entry.graph), so)
 pool = t.new_pool(max(Bs))
