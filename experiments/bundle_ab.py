@@ -48,19 +48,32 @@ def summary(rates, toks, a="A", b="B") -> str:
             f"{same}/{len(toks['A'])} requests' tokens the same under both")
 
 
+def burst_options(ap: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of every burst comparison in experiments/."""
+    ap.add_argument("--level", type=int, default=8)
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=rounds)
+
+
+def start(pipes: dict, a) -> list:
+    """The bench's --limit round-robin of Spec-Bench prompts (encoded by the first pipe), and each pipe's
+    engine started for --level requests at once with room to queue them all."""
+    first = next(iter(pipes.values()))
+    prompts = [first.encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
+    for p in pipes.values():
+        p.start_engine(max_batch=a.level, max_queue=len(prompts))
+    return prompts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a")
     ap.add_argument("b")
-    ap.add_argument("--level", type=int, default=8)
-    ap.add_argument("--limit", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=6)
+    burst_options(ap, rounds=6)
     a = ap.parse_args()
     pipes = {k: specexport.load(path, threads=2) for k, path in (("A", a.a), ("B", a.b))}
-    prompts = [pipes["A"].encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
-    for p in pipes.values():
-        p.start_engine(max_batch=a.level, max_queue=len(prompts))
+    prompts = start(pipes, a)
     rates, toks = interleave(pipes, prompts, a.max_new_tokens, a.rounds)
     print(f"level {a.level}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, {a.rounds} rounds: "
           + summary(rates, toks))

@@ -11,17 +11,13 @@ import argparse
 import os
 
 import specexport
-from specexport.bench.config import find_questions, questions
-from bundle_ab import interleave, summary  # experiments/: the same bursts, interleaved
+from bundle_ab import burst_options, interleave, start, summary  # experiments/: the same bursts, interleaved
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle")
-    ap.add_argument("--level", type=int, default=8)
-    ap.add_argument("--limit", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=4)
+    burst_options(ap, rounds=4)
     ap.add_argument("--draft", default="none")
     ap.add_argument("--k", default="auto")
     a = ap.parse_args()
@@ -31,9 +27,7 @@ def main() -> None:
         os.environ["SPECEXPORT_KERNELS"] = flag
         pipes[name] = specexport.load(a.bundle, threads=2)
         print(name, "kernel:", pipes[name].target.kernel or "onnxruntime's")
-    prompts = [pipes["A"].encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
-    for p in pipes.values():
-        p.start_engine(max_batch=a.level, max_queue=len(prompts))
+    prompts = start(pipes, a)
     rates, toks = interleave(pipes, prompts, a.max_new_tokens, a.rounds, draft=a.draft, k=k)
     print(f"level {a.level}, draft {a.draft} k {a.k}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, "
           f"{a.rounds} rounds: " + summary(rates, toks, "A (onnxruntime's kernel)", "B (specexport's)"))

@@ -11,26 +11,20 @@ import argparse
 import types
 
 import specexport
-from specexport.bench.config import find_questions, questions
-from bundle_ab import interleave, summary  # experiments/: the same bursts, interleaved
+from bundle_ab import burst_options, interleave, start, summary  # experiments/: the same bursts, interleaved
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle")
-    ap.add_argument("--level", type=int, default=8)
-    ap.add_argument("--limit", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=4)
+    burst_options(ap, rounds=4)
     ap.add_argument("--draft", default="none")
     a = ap.parse_args()
     pipes = {k: specexport.load(a.bundle, threads=2) for k in "AB"}
-    prompts = [pipes["A"].encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
-    for k, p in pipes.items():
-        eng = p.start_engine(max_batch=a.level, max_queue=len(prompts))
-        if k == "A":  # first chunks only, as before
-            batched = eng._first_chunks
-            eng._first_chunks = types.MethodType(lambda self, pre, budget: batched([s for s in pre if s.fed == 0], budget), eng)
+    prompts = start(pipes, a)
+    eng = pipes["A"].engine  # first chunks only, as before
+    batched = eng._first_chunks
+    eng._first_chunks = types.MethodType(lambda self, pre, budget: batched([s for s in pre if s.fed == 0], budget), eng)
     rates, toks = interleave(pipes, prompts, a.max_new_tokens, a.rounds, draft=a.draft)
     print(f"level {a.level}, draft {a.draft}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, {a.rounds} rounds: "
           + summary(rates, toks, "A (first chunks batched)", "B (later chunks too)"))
