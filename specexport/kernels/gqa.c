@@ -44,6 +44,7 @@ typedef struct {
   const int32_t *seqlens;
   float *pk, *pv, *out;
   int bias_rows; /* bias dims[0]: B, or 1 when broadcast over rows */
+  int zero_bias; /* the bias is zeros wherever a query looks (every causal call's): skipped */
 } Call;
 
 static void rotate(float *dst, const float *src, const float *cos, const float *sin, int64_t D, int rot) {
@@ -61,6 +62,12 @@ static void rotate(float *dst, const float *src, const float *cos, const float *
 
 static int64_t past_of(const Call *c, int64_t b) {
   return c->prompt ? 0 : (int64_t)c->seqlens[b] + 1 - c->T;
+}
+
+/* the keys row b's new token t sees (causal) */
+static int64_t seen(const Call *c, int64_t b, int64_t t) {
+  int64_t total = (int64_t)c->seqlens[b] + 1;
+  return c->prompt ? (t + 1 < total ? t + 1 : total) : past_of(c, b) + t + 1;
 }
 
 /* Task (b, kv head): rotate this step's keys and write them and the values into slots past..past+T-1. */
@@ -106,18 +113,6 @@ static inline v16 exp16(v16 x) {
 
 static inline v16 load(const float *p) { return *(const v16u *)p; }
 
-/* whether b[0..n) are all zeros of either sign (adding them changes no sum) */
-static inline int zeros(const float *b, int64_t n) {
-  typedef int i16u __attribute__((vector_size(64), aligned(4)));
-  const int32_t *u = (const int32_t *)b;
-  i16 acc = {0};
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) acc |= *(const i16u *)(u + j);
-  int any = 0;
-  for (; j < n; j++) any |= u[j];
-  for (int l = 0; l < 16; l++) any |= acc[l];
-  return !(any & 0x7fffffff);
-}
 static inline void store(float *p, v16 v) { *(v16u *)p = v; }
 
 /* the sum of a vector's lanes as a tree (4 shuffles and adds) */
@@ -193,12 +188,25 @@ static void attend(void *arg, size_t task) {
       int64_t i = (t - t0) * G + g;
       rotate(q + i * D, row + (h * G + g) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
       for (int64_t d = 0; d < D; d++) q[i * D + d] *= scale;
-      len[i] = c->prompt ? (t + 1 < total ? t + 1 : total) : past + t + 1;
+      len[i] = seen(c, b, t);
       orow[i] = ((b * c->T + t) * k->heads + h * G + g) * D;
-      bias[i] = c->bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
+      bias[i] = c->bias && !c->zero_bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
     }
   }
   rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, qt, c->out, orow);
+}
+
+/* whether b[0..n) are all zeros of either sign (adding them changes no sum) */
+static inline int zeros(const float *b, int64_t n) {
+  typedef int i16u __attribute__((vector_size(64), aligned(4)));
+  const int32_t *u = (const int32_t *)b;
+  i16 acc = {0};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) acc |= *(const i16u *)(u + j);
+  int any = 0;
+  for (; j < n; j++) any |= u[j];
+  for (int l = 0; l < 16; l++) any |= acc[l];
+  return !(any & 0x7fffffff);
 }
 
 static OrtStatus *fail(const char *msg) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, msg); }
@@ -283,6 +291,10 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   if (c.pos && k->rotary)
     for (int64_t i = 0; i < c.B * c.T; i++)
       if (c.pos[i] < 0 || c.pos[i] >= cd[0]) return fail("GroupQueryAttention (specexport): a position_ids entry is past the rotary tables");
+  c.zero_bias = c.bias != NULL; /* checked once here, not by every task that reads a row */
+  for (int64_t b = 0; b < c.B && c.zero_bias; b++)
+    for (int64_t t = 0; t < c.T && c.zero_bias; t++)
+      c.zero_bias = zeros(c.bias + ((c.bias_rows > 1 ? b : 0) * c.T + t) * c.L, seen(&c, b, t));
   int64_t od[3] = {c.B, c.T, k->heads * c.D};
   OrtValue *o0, *o1, *o2;
   TRY(ort->KernelContext_GetOutput(ctx, 0, od, 3, &o0));

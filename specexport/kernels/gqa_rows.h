@@ -125,16 +125,18 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
    * stay [key][16 queries] through the softmax and the outputs (out16) */
   const v16 ninf = (v16){0} - INFINITY;
   for (int64_t g0 = 0; g0 < nq; g0 += 16) {
-    int64_t cnt = nq - g0 < 16 ? nq - g0 : 16, n = 0;
+    int64_t cnt = nq - g0 < 16 ? nq - g0 : 16, n = 0, n0 = len[g0]; /* n0: keys every lane sees, unmasked */
     float *s = sc + g0 * kpad;
     i16 lv = {0};
-    for (int r = 0; r < cnt; r++) lv[r] = (int)len[g0 + r], n = len[g0 + r] > n ? len[g0 + r] : n;
+    int nobias = 1;
+    for (int r = 0; r < cnt; r++) {
+      lv[r] = (int)len[g0 + r];
+      n = len[g0 + r] > n ? len[g0 + r] : n;
+      n0 = len[g0 + r] < n0 ? len[g0 + r] : n0;
+      nobias &= !bias[g0 + r];
+    }
     for (int64_t d = 0; d < D; d++)
       for (int r = 0; r < 16; r++) qt[d * 16 + r] = r < cnt ? q[(g0 + r) * D + d] : 0.0f;
-    int nobias = 1; /* a bias row of zeros (every causal call's) changes no score and is skipped */
-    for (int r = 0; r < cnt; r++) nobias &= !bias[g0 + r] || zeros(bias[g0 + r], len[g0 + r]);
-    int64_t n0 = n; /* keys every lane sees: no mask below n0 */
-    for (int r = 0; r < cnt; r++) n0 = len[g0 + r] < n0 ? len[g0 + r] : n0;
     v16 mv = ninf, z = {0};
     for (int64_t j = 0; j < n; j += 4) { /* rows up to j + 3 < kpad are scratch; keys past n repeat n - 1 */
       const float *k[4];
@@ -143,7 +145,7 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
       if (j + 4 <= n0 && nobias) /* the softmax's largest score, as the scores come */
         for (int i = 0; i < 4; i++) mv = sel(load(s + (j + i) * 16) > mv, load(s + (j + i) * 16), mv);
     }
-    if (!nobias) { /* softmax over each lane's keys, as the few queries' */
+    if (!nobias) { /* softmax over each lane's keys, as the few queries'; its largest score after the bias */
       for (int r = 0; r < cnt; r++)
         if (bias[g0 + r])
           for (int64_t j = 0; j < len[g0 + r]; j++) s[j * 16 + r] += bias[g0 + r][j];
