@@ -367,6 +367,7 @@ def session_options(threads: int | None = None, kernel: str | None = None):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if kernel:
         so.register_custom_ops_library(kernel)
+        kernels.set_threads(kernel, _POOL[0])
     return so
 
 

@@ -1,9 +1,11 @@
 """specexport's own CPU kernels for onnxruntime, compiled on first use for the CPU they run on.
 
-gqa.c is GroupQueryAttention as the fused graphs use it (why and how: its header comment, docs/design.md
-"The attention kernel"). `library(head_dim)` gives the path of the shared library to load into a session's
-options (`register_custom_ops_library`); it registers the op under onnxruntime's own domain and name, so the
-graph and the bundle stay as they are and a session without the library runs onnxruntime's kernel.
+gqa.c is GroupQueryAttention as the fused graphs use it, matmul.c their weights' MatMul (why and how: each
+file's header comment, docs/design.md "The attention kernel" and "The weights' MatMul"). `library(head_dim)` gives
+the path of the shared library to load into a session's options (`register_custom_ops_library`); it registers
+each op under its own domain and name (com.microsoft's GroupQueryAttention, the ONNX domain's MatMul), so the
+graph and the bundle stay as they are and a session without the library runs onnxruntime's kernels.
+SPECEXPORT_MATMUL=0 leaves MatMul to onnxruntime (the attention kernel still runs), to compare the two.
 
 The library is built with the system C compiler ($CC, else cc or gcc; -O3 -march=native: this CPU's vector
 width, AVX-512 or AVX2) into a cache keyed by the sources, the flags and this CPU's flags
@@ -13,6 +15,7 @@ with one warning for a failed build. Torch-free, like the rest of the runtime.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -24,7 +27,7 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = ("gqa.c", "gqa_rows.h")
+SOURCES = ("gqa.c", "gqa_rows.h", "matmul.c")
 HEAD_DIMS = tuple(range(16, 129, 16))  # gqa.c's register-blocked paths
 FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-Wall"]
 log = logging.getLogger("specexport")
@@ -66,7 +69,7 @@ def build(cc: str, out: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-I", str(HERE / "include"), "-o", tmp, str(HERE / "gqa.c"), "-lm"]
+        cmd = [cc, *FLAGS, "-I", str(HERE / "include"), "-o", tmp, *(str(HERE / n) for n in SOURCES if n.endswith(".c")), "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
@@ -74,6 +77,12 @@ def build(cc: str, out: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def set_threads(path: str, n: int) -> None:
+    """Tell the library how many threads onnxruntime's pool has: matmul.c splits a call's columns into that many
+    parts (the CPU count until told). The library is the one the session loaded (same path, one copy)."""
+    ctypes.CDLL(path).specexport_threads(int(n))
 
 
 def library(head_dim: int) -> str | None:

@@ -26,7 +26,8 @@
 
 #define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
 
-static const OrtApi *ort;
+const OrtApi *specexport_ort; /* matmul.c uses it too */
+#define ort specexport_ort
 
 typedef struct {
   int64_t heads, kv_heads, rotary;
@@ -353,6 +354,8 @@ static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_
 static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
 static OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
 
+extern OrtCustomOp specexport_matmul_op; /* matmul.c */
+
 static OrtCustomOp gqa_op = {
     .version = API_VERSION,
     .GetName = name,
@@ -375,5 +378,16 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   OrtCustomOpDomain *domain;
   TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
   TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
-  return ort->AddCustomOpDomain(options, domain);
+  TRY(ort->AddCustomOpDomain(options, domain));
+  /* matmul.c's MatMul: by default where this build has AVX-512 (SPECEXPORT_MATMUL=0 off, =1 on anywhere) */
+  const char *mm = getenv("SPECEXPORT_MATMUL");
+#if defined(__AVX512F__)
+  if (mm && !strcmp(mm, "0")) return NULL;
+#else
+  if (!mm || strcmp(mm, "1")) return NULL;
+#endif
+  OrtCustomOpDomain *onnx;
+  TRY(ort->CreateCustomOpDomain("", &onnx));
+  TRY(ort->CustomOpDomain_Add(onnx, &specexport_matmul_op));
+  return ort->AddCustomOpDomain(options, onnx);
 }

@@ -1,0 +1,74 @@
+"""specexport's MatMul kernel (specexport/kernels/matmul.c) against onnxruntime's (MLAS): one fused target graph
+loaded twice, both with the attention kernel, one with SPECEXPORT_MATMUL=0 (onnxruntime's MatMul), calls
+interleaved (order swapped each round), same inputs, rows' caches of random numbers.
+    python experiments/matmul_ab.py BUNDLE [ROUNDS]
+Calls: (B, T) = (1,1), (4,1), (8,1), (16,1), (1,9) verify, (8,5), (8,9), a 64-token chunk at n = 0 and a
+256-token chunk at n = 1,024. Also checked: each row of an (8,1) call against the same row run alone, (1,1),
+bit for bit (matmul.c's rows do not depend on what shares their call)."""
+import collections, json, os, statistics, sys, time
+from pathlib import Path
+import numpy as np, onnxruntime as ort
+from specexport import kernels
+from specexport.backends.ort import fused_feeds, session_options
+
+root = Path(sys.argv[1])
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+arch = json.loads((root / "manifest.json").read_text())["models"]["target"]["arch"]
+L, Hkv, D, V, S = arch["num_layers"], arch["num_kv_heads"], arch["head_dim"], arch["vocab_size"], 2048
+lib = kernels.library(D)
+assert lib, "the kernel library did not build"
+sessions = {}
+for who in ("ours", "mlas"):
+    os.environ["SPECEXPORT_MATMUL"] = "1" if who == "ours" else "0"  # read when the library is registered
+    sessions[who] = ort.InferenceSession(str(root / "target.onnx"), session_options(2, lib),
+                                         providers=["CPUExecutionProvider"])
+os.environ.pop("SPECEXPORT_MATMUL")
+base = np.random.default_rng(0).standard_normal((L, 2, 16, Hkv, S, D), dtype=np.float32) * 0.5
+caches = {w: base.copy() for w in sessions}
+
+
+def call(who, n, T, rows=None):
+    B = len(n)
+    sess, cache = sessions[who], caches[who]
+    rows = slice(0, B) if rows is None else rows
+    io = sess.io_binding()
+    for i in range(L):
+        for j, kind in enumerate(("key", "value")):
+            ov = ort.OrtValue.ortvalue_from_numpy(cache[i, j, rows])
+            io.bind_ortvalue_input(f"past_{kind}.{i}", ov)
+            io.bind_ortvalue_output(f"present_{kind}.{i}", ov)
+    ids = np.full((B, T), 1000, np.int64) + np.arange(T)[None] * 7
+    f = fused_feeds(n, ids, n[:, None] + np.arange(T)[None], None)
+    f["logit_rows"] = np.arange(T, dtype=np.int64) if T <= 9 else np.array([T - 1], np.int64)
+    for k, v in f.items():
+        io.bind_cpu_input(k, v)
+    logits = np.empty((B, len(f["logit_rows"]), V), np.float32)
+    io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+    io.bind_output("top_ids")
+    t = time.perf_counter()
+    sess.run_with_iobinding(io)
+    return time.perf_counter() - t, logits
+
+
+n8 = 300 + 7 * np.arange(8)
+cases = {"(1,1) n=300": (np.array([300]), 1), "(4,1) n=300..321": (n8[:4], 1), "(8,1) n=300..349": (n8, 1),
+         "(16,1) n=300..375": (300 + 5 * np.arange(16), 1), "(1,9) n=300": (np.array([300]), 9),
+         "(8,5) n=300..349": (n8, 5), "(8,9) n=300..349": (n8, 9), "(1,64) n=0": (np.array([0]), 64),
+         "(1,256) n=1024": (np.array([1024]), 256)}
+print(f"{root}: L={L}; kernel {lib}")
+for name, (n, T) in cases.items():
+    a, b = call("ours", n, T)[1], call("mlas", n, T)[1]
+    print(f"{name}: max |logit diff| ours-mlas {np.abs(a - b).max():.2e}, argmax same {(a.argmax(-1) == b.argmax(-1)).mean():.2f}")
+for who in sessions:  # row 3 of an (8,1) call against that row alone (its cache rows 3..3)
+    batch = call(who, n8, 1)[1][3]
+    alone = call(who, n8[3:4], 1, slice(3, 4))[1][0]
+    print(f"{who}: row 3 of (8,1) against (1,1) alone: max |diff| {np.abs(batch - alone).max():.2e}"
+          f" ({'bit-identical' if np.array_equal(batch, alone) else 'differs'})")
+times = collections.defaultdict(list)
+for r in range(ROUNDS):
+    for name, (n, T) in cases.items():
+        for who in (("ours", "mlas") if r % 2 else ("mlas", "ours")):
+            times[name, who].append(call(who, n, T)[0])
+for name in cases:
+    o, m = (statistics.median(times[name, w]) * 1e3 for w in ("ours", "mlas"))
+    print(f"{name}: mlas {m:.2f} ms, ours {o:.2f} ms, mlas/ours {m / o:.3f}x")

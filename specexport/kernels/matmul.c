@@ -1,0 +1,353 @@
+/* MatMul for onnxruntime's CPU provider, as specexport's fused graphs use it: Y [..., M, N] = A [..., M, K] x B
+ * [K, N], float32, B a weight (a constant). Registered in the ONNX domain under MatMul's own name, so a session
+ * that loads the library runs it in place of onnxruntime's kernel with the graph unchanged; a MatMul whose B is
+ * not a constant [K, N] runs onnxruntime's own kernel through InvokeOp.
+ *
+ * Why: a decode or verify call multiplies a few rows (M = B x T: 1 to a few dozen) by every weight of the model,
+ * so on a CPU its time is the weights' read from memory, ~11 ms for SmolLM2's layers on 2 cores. onnxruntime's
+ * MLAS took 1.3-1.4x its one-row time for 8 rows and 1.7x for 16: it streams its packed weights with no
+ * software prefetch, so the memory idles while it computes. Here B is packed once, at session creation, into
+ * panels of PW columns x K rows (64 columns with AVX-512), which lie end to end; each thread owns a contiguous
+ * share of them and reads them as one stream. While its register blocks (RB = 6 rows x PW columns, 24
+ * accumulators) pass over one panel, software prefetches bring in the next, spread evenly over the passes, so
+ * the memory stays busy however many rows; with more than two passes the panel is taken KC rows at a time so
+ * every pass finds them in cache. onnxruntime's packed copy is not made (its MatMul never runs), so memory holds
+ * one copy of the weights as before; the pages of the bundle's file that packing read are handed back.
+ *
+ * Numerics: every output element is one chain of fused multiply-adds over k = 0 .. K-1 in order, from 0 (a
+ * block that stops at KC carries its sums on through Y, exactly), so a row's result is bit-identical whatever
+ * rows share its call: a verify row scores exactly as the same token's decode row, a prefill chunk's rows as
+ * one-token calls, a batch's rows as the same requests alone.
+ *
+ * AVX-512 only by default (gqa.c registers it when __AVX512F__): the AVX2 build (8-float vectors, 6 x 16
+ * blocks) compiles and is correct but was not measured on an AVX2-only CPU; SPECEXPORT_MATMUL=1 turns it on
+ * there, =0 off everywhere. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "onnxruntime_c_api.h"
+
+extern const OrtApi *specexport_ort; /* gqa.c's, set when the library is registered */
+#define ort specexport_ort
+
+#if defined(__AVX512F__)
+#define VL 16 /* floats per vector */
+#define PV 4  /* vectors per panel: 6 x 4 = 24 accumulators of 32 registers */
+#else
+#define VL 8 /* AVX2 (and anything else): 8 floats */
+#define PV 2 /* 6 x 2 = 12 accumulators of 16 registers */
+#endif
+typedef float vec __attribute__((vector_size(VL * 4)));
+typedef float vecu __attribute__((vector_size(VL * 4), aligned(4)));
+
+static inline vec ld(const float *p) { return *(const vecu *)p; }
+static inline void st(float *p, vec v) { *(vecu *)p = v; }
+
+/* c + a * b rounded once, lane for lane as fmaf */
+static inline vec fma_(vec a, vec b, vec c) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  vec r;
+  for (int i = 0; i < VL; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
+#define RB 6 /* rows per register block */
+#define PW (VL * PV) /* a panel's columns */
+#ifndef KC
+#define KC (1024 / PV) /* rows of a panel per step when many rows pass over it (64 kB) */
+#endif
+
+static int parts_ = 0; /* how many threads share a call's columns: onnxruntime's pool size (specexport_threads) */
+
+/* The runtime sets its onnxruntime pool size here (kernels.set_threads); the CPU count until then. */
+void specexport_threads(int n) { parts_ = n > 0 ? n : 0; }
+
+static int parts(void) {
+  if (parts_ <= 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    parts_ = n > 0 ? (int)n : 1;
+  }
+  return parts_;
+}
+
+/* y[r, VL j .. VL j + VL) for r < R (<= RB), j < NVEC (<= PV): the chain over k0 .. k1 of x's rows and a panel's vectors,
+ * carried on from y when k0 > 0 (exactly: a float stored and loaded is the same float); `w` is the panel at row
+ * k0 (rows of PW floats). `ahead` (a cursor into the part's stream) gets up to `lines` prefetches per row.
+ * ROWS: RB for a full block (no per-row tests in the loop), else R at run time. */
+#define BLOCK(NAME, NVEC, ROWS)                                                                                \
+  static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const float *w, float *y, int64_t N, int R, \
+                   int64_t cols, const char **ahead, const char *limit, int lines) {                             \
+    vec a[RB][NVEC];                                                                                            \
+    (void)R;                                                                                                    \
+    for (int r = 0; r < ROWS; r++)                                                                              \
+      for (int j = 0; j < NVEC; j++) a[r][j] = k0 ? get(y + r * N + VL * j, cols - VL * j) : (vec){0};         \
+    for (int64_t k = k0; k < k1; k++, w += PW) {                                                                \
+      if (lines)                                                                                                \
+        for (int i = 0; i < lines && *ahead < limit; i++, *ahead += 64) __builtin_prefetch(*ahead, 0, 1);      \
+      vec b[NVEC];                                                                                              \
+      for (int j = 0; j < NVEC; j++) b[j] = ld(w + VL * j);                                                     \
+      for (int r = 0; r < ROWS; r++) {                                                                          \
+        vec s = bcast(x + r * K + k);                                                                           \
+        for (int j = 0; j < NVEC; j++) a[r][j] = fma_(s, b[j], a[r][j]);                                       \
+      }                                                                                                         \
+    }                                                                                                           \
+    for (int r = 0; r < ROWS; r++)                                                                              \
+      for (int j = 0; j < NVEC; j++) put(y + r * N + VL * j, a[r][j], cols - VL * j);                          \
+  }
+
+/* the first n (<= VL used) floats at p as a vector, the rest 0; and back */
+static inline vec get(const float *p, int64_t n) {
+  if (n >= VL) return ld(p);
+  vec v = {0};
+  for (int64_t i = 0; i < n; i++) v[i] = p[i];
+  return v;
+}
+static inline void put(float *p, vec v, int64_t n) {
+  if (n >= VL)
+    st(p, v);
+  else
+    for (int64_t i = 0; i < n; i++) p[i] = v[i];
+}
+static inline vec bcast(const float *p) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_set1_ps(*p); /* folds into the multiply-add as a broadcast operand */
+#else
+  float f = *p;
+#if defined(__AVX__)
+  return (vec)_mm256_set1_ps(f);
+#else
+  vec v;
+  for (int i = 0; i < VL; i++) v[i] = f;
+  return v;
+#endif
+#endif
+}
+
+#define BLOCKS(NVEC) BLOCK(full##NVEC, NVEC, RB) BLOCK(some##NVEC, NVEC, R)
+typedef void Block(const float *, int64_t, int64_t, int64_t, const float *, float *, int64_t, int, int64_t,
+                   const char **, const char *, int);
+BLOCKS(1)
+BLOCKS(2)
+#if PV == 4
+BLOCKS(3)
+BLOCKS(4)
+static Block *const full[] = {NULL, full1, full2, full3, full4}, *const some[] = {NULL, some1, some2, some3, some4};
+#else
+static Block *const full[] = {NULL, full1, full2}, *const some[] = {NULL, some1, some2};
+#endif
+
+typedef struct {
+  const float *x, *panels; /* panels: B as ceil(N / PW) panels of K rows x PW columns, zero-padded */
+  float *y;
+  int64_t M, K, N, nparts;
+} Call;
+
+/* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of RB rows
+ * over all K. Its panels lie end to end in memory: while it reads one, the next is prefetched (a cursor spread
+ * evenly over the passes, so the memory stays busy however many rows), what its register blocks then find in
+ * cache. */
+static void part(void *arg, size_t p) {
+  const Call *c = arg;
+  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, bytes = K * PW * 4;
+  int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts;
+  int64_t passes = (c->M + RB - 1) / RB;
+  int lines = (int)((PW * 4 / 64 + passes - 1) / passes); /* a panel row is PW * 4 / 64 lines of 64 bytes */
+  const char *base = (const char *)c->panels, *end = base + (v1 + PV - 1) / PV * bytes;
+  const char *ahead = base + (v0 / PV + 1) * bytes;
+  for (int64_t v = v0; v < v1;) {
+    int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
+    const float *w = c->panels + panel * K * PW + VL * a;
+    int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
+    /* more than two passes: KC rows of the panel at a time (64 kB, kept in cache while every pass reads them) */
+    int64_t kc = passes > 2 ? KC : K;
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+      int64_t k1 = k0 + kc < K ? k0 + kc : K;
+      for (int64_t r = 0, pass = 1; r < c->M; r += RB, pass++) {
+        const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
+        int R = c->M - r < RB ? (int)(c->M - r) : RB;
+        (R == RB ? full : some)[b - a](c->x + r * K, K, k0, k1, w + k0 * PW, c->y + r * N + n0, N, R, cols, &ahead,
+                      limit < end ? limit : end, lines);
+      }
+    }
+    v = (panel + 1) * PV;
+  }
+}
+
+/* B [K, N] as panels (see Call), in a fresh 64-byte aligned buffer; NULL when out of memory */
+static float *pack(const float *B, int64_t K, int64_t N) {
+  int64_t np = (N + PW - 1) / PW;
+  float *panels = aligned_alloc(64, (size_t)(np * K * PW * 4));
+  if (!panels) return NULL;
+  for (int64_t p = 0; p < np; p++)
+    for (int64_t k = 0; k < K; k++) {
+      float *dst = panels + (p * K + k) * PW;
+      int64_t n0 = p * PW, cols = N - n0 < PW ? N - n0 : PW;
+      memcpy(dst, B + k * N + n0, sizeof(float) * cols);
+      memset(dst + cols, 0, sizeof(float) * (PW - cols));
+    }
+  return panels;
+}
+
+typedef struct {
+  OrtOp *fallback; /* onnxruntime's MatMul, for the B this kernel does not take */
+  float *panels;   /* B packed, when B is a constant [K, N] (a weight); else NULL and the fallback runs */
+  int64_t K, N;
+} Kernel;
+
+#define TRY(x)                    \
+  do {                            \
+    OrtStatus *st_ = (x);         \
+    if (st_) return st_;          \
+  } while (0)
+
+static OrtStatus *shape(const OrtValue *v, int64_t *d, size_t *rank) {
+  OrtTensorTypeAndShapeInfo *info;
+  TRY(ort->GetTensorTypeAndShape(v, &info));
+  OrtStatus *st = ort->GetDimensionsCount(info, rank);
+  if (!st && *rank <= 8) st = ort->GetDimensions(info, d, *rank);
+  ort->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
+/* onnxruntime's own MatMul (batched or vector B): the output shape as numpy's matmul broadcasts it */
+static OrtStatus *fallback(Kernel *k, OrtKernelContext *ctx, const OrtValue *a, const OrtValue *b, const int64_t *ad,
+                           size_t ar, const int64_t *bd, size_t br) {
+  if (ar < 1 || br < 1 || ar > 8 || br > 8) return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMul (specexport): ranks 1 to 8 only");
+  int64_t yd[8];
+  size_t yr = 0;
+  if (br == 1) { /* A [..., K] x B [K] */
+    for (size_t i = 0; i + 1 < ar; i++) yd[yr++] = ad[i];
+  } else if (ar == 1) { /* A [K] x B [..., K, N] */
+    for (size_t i = 0; i + 2 < br; i++) yd[yr++] = bd[i];
+    yd[yr++] = bd[br - 1];
+  } else { /* batch dims broadcast, then [M, N] */
+    size_t n = (ar > br ? ar : br) - 2;
+    for (size_t i = 0; i < n; i++) {
+      int64_t x = i + ar >= n + 2 ? ad[i + ar - n - 2] : 1, w = i + br >= n + 2 ? bd[i + br - n - 2] : 1;
+      yd[yr++] = x == 1 ? w : x;
+    }
+    yd[yr++] = ad[ar - 2];
+    yd[yr++] = bd[br - 1];
+  }
+  OrtValue *y;
+  TRY(ort->KernelContext_GetOutput(ctx, 0, yd, yr, &y));
+  const OrtValue *in[2] = {a, b};
+  OrtValue *out[1] = {y};
+  return ort->InvokeOp(ctx, k->fallback, in, 2, out, 1);
+}
+
+static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
+  Kernel *k = op;
+  const OrtValue *a, *b;
+  TRY(ort->KernelContext_GetInput(ctx, 0, &a));
+  TRY(ort->KernelContext_GetInput(ctx, 1, &b));
+  int64_t ad[8], bd[8];
+  size_t ar, br;
+  TRY(shape(a, ad, &ar));
+  TRY(shape(b, bd, &br));
+  if (!k->panels || ar < 1 || ar > 8) return fallback(k, ctx, a, b, ad, ar, bd, br);
+  if (br != 2 || bd[0] != k->K || bd[1] != k->N)
+    return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): B is not the constant it was packed from");
+  if (ad[ar - 1] != k->K)
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMul (specexport): A's last dimension is not B's first");
+  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels};
+  int64_t yd[8];
+  for (size_t i = 0; i + 1 < ar; i++) c.M *= ad[i], yd[i] = ad[i];
+  yd[ar - 1] = c.N;
+  OrtValue *y;
+  TRY(ort->KernelContext_GetOutput(ctx, 0, yd, ar, &y));
+  TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&c.x));
+  TRY(ort->GetTensorMutableData(y, (void **)&c.y));
+  if (c.M == 0 || c.N == 0) return NULL;
+  int64_t nv = (c.N + VL - 1) / VL;
+  c.nparts = parts() < nv ? parts() : nv;
+  if (c.nparts == 1) {
+    part(&c, 0);
+    return NULL;
+  }
+  return ort->KernelContext_ParallelFor(ctx, part, (size_t)c.nparts, (size_t)c.nparts, &c);
+}
+
+static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+  (void)op;
+  (void)api;
+  Kernel *k = calloc(1, sizeof(Kernel));
+  if (!k) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
+  const char *names[1] = {"T"};
+  ONNXTensorElementDataType types[1] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  OrtStatus *st = ort->CreateOp(info, "MatMul", "", 13, names, types, 1, NULL, 0, 2, 1, &k->fallback);
+  if (st) {
+    free(k);
+    return st;
+  }
+  /* a weight (a constant [K, N] B): packed once here; onnxruntime's copy is then never read again */
+  int constant = 0;
+  const OrtValue *b = NULL;
+  if ((st = ort->KernelInfoGetConstantInput_tensor(info, 1, &constant, &b))) ort->ReleaseStatus(st), constant = 0;
+  int64_t bd[8];
+  size_t br = 0;
+  const float *B = NULL;
+  if (constant && b && !shape(b, bd, &br) && br == 2 && bd[0] > 0 && bd[1] > 0 &&
+      !ort->GetTensorMutableData((OrtValue *)b, (void **)&B) && B) {
+    k->K = bd[0], k->N = bd[1];
+    if (!(k->panels = pack(B, k->K, k->N))) {
+      ort->ReleaseOp(k->fallback);
+      free(k);
+      return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory packing a weight");
+    }
+#ifdef MADV_PAGEOUT
+    /* onnxruntime maps a bundle's weights from its file: the pages packing read are clean copies of the file,
+     * which the kernel may drop now (no effect on memory of its own; nothing is lost either way) */
+    uintptr_t lo = ((uintptr_t)B + 4095) & ~(uintptr_t)4095, hi = ((uintptr_t)(B + k->K * k->N)) & ~(uintptr_t)4095;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_PAGEOUT);
+#endif
+  }
+  *out = k;
+  return NULL;
+}
+
+static void destroy(void *op) {
+  Kernel *k = op;
+  if (k->fallback) ort->ReleaseOp(k->fallback);
+  free(k->panels);
+  free(k);
+}
+
+static const char *name(const OrtCustomOp *op) { (void)op; return "MatMul"; }
+static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static ONNXTensorElementDataType type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
+static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
+static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
+static OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
+static int since(const OrtCustomOp *op) { (void)op; return 1; }
+static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
+
+OrtCustomOp specexport_matmul_op = {
+    .version = 17,
+    .GetName = name,
+    .GetExecutionProviderType = provider,
+    .GetInputType = type,
+    .GetInputTypeCount = two,
+    .GetOutputType = type,
+    .GetOutputTypeCount = one,
+    .KernelDestroy = destroy,
+    .GetInputCharacteristic = required,
+    .GetOutputCharacteristic = required,
+    .GetInputMemoryType = mem_type,
+    .CreateKernelV2 = create,
+    .KernelComputeV2 = compute,
+    .GetStartVersion = since,
+    .GetEndVersion = until,
+};
