@@ -64,6 +64,9 @@ static inline vec fma_(vec a, vec b, vec c) {
 
 #define RB 6 /* rows per register block */
 #define PW (VL * PV) /* a panel's columns */
+#ifndef DIST
+#define DIST 16384 /* one pass over a panel: how far ahead of the row being read the prefetches run */
+#endif
 #ifndef KC
 #define KC (1024 / PV) /* rows of a panel per step when many rows pass over it (64 kB) */
 #endif
@@ -94,7 +97,8 @@ static int parts(void) {
       for (int j = 0; j < NVEC; j++) a[r][j] = k0 ? get(y + r * N + VL * j, cols - VL * j) : (vec){0};         \
     for (int64_t k = k0; k < k1; k++, w += PW) {                                                                \
       if (lines)                                                                                                \
-        for (int i = 0; i < lines && *ahead < limit; i++, *ahead += 64) __builtin_prefetch(*ahead, 0, 1);      \
+        for (int i = 0; i < lines && *ahead < (limit ? limit : (const char *)w + DIST); i++, *ahead += 64)     \
+          __builtin_prefetch(*ahead, 0, 1);                                                                     \
       vec b[NVEC];                                                                                              \
       for (int j = 0; j < NVEC; j++) b[j] = ld(w + VL * j);                                                     \
       for (int r = 0; r < ROWS; r++) {                                                                          \
@@ -162,9 +166,12 @@ static void part(void *arg, size_t p) {
   const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, bytes = K * PW * 4;
   int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts;
   int64_t passes = (c->M + RB - 1) / RB;
-  int lines = (int)((PW * 4 / 64 + passes - 1) / passes); /* a panel row is PW * 4 / 64 lines of 64 bytes */
+  /* One pass (M <= RB): the cursor starts at the part's first byte and keeps DIST ahead of the row being read,
+   * up to twice as fast as the reads (a panel row is PW * 4 / 64 lines). Several: it starts at the second panel
+   * and brings in a panel over the passes over the one before, at the pace the work goes. */
+  int lines = (int)(passes == 1 ? 2 * PW * 4 / 64 : (PW * 4 / 64 + passes - 1) / passes);
   const char *base = (const char *)c->panels, *end = base + (v1 + PV - 1) / PV * bytes;
-  const char *ahead = base + (v0 / PV + 1) * bytes;
+  const char *ahead = base + (v0 / PV + (passes > 1)) * bytes;
   for (int64_t v = v0; v < v1;) {
     int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
     const float *w = c->panels + panel * K * PW + VL * a;
@@ -175,9 +182,10 @@ static void part(void *arg, size_t p) {
       int64_t k1 = k0 + kc < K ? k0 + kc : K;
       for (int64_t r = 0, pass = 1; r < c->M; r += RB, pass++) {
         const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
+        limit = passes == 1 ? NULL : limit < end ? limit : end;
         int R = c->M - r < RB ? (int)(c->M - r) : RB;
         (R == RB ? full : some)[b - a](c->x + r * K, K, k0, k1, w + k0 * PW, c->y + r * N + n0, N, R, cols, &ahead,
-                      limit < end ? limit : end, lines);
+                                       limit, lines);
       }
     }
     v = (panel + 1) * PV;
