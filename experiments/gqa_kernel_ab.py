@@ -8,12 +8,13 @@ onnxruntime's MatMul (SPECEXPORT_MATMUL=0 unless set; experiments/matmul_ab.py c
 Calls: decode (1, 1) at 300 cached tokens, (8, 1) at 300-349, (16, 1) at 300-375, a 9-token verify (1, 9), a
 64-token prefill chunk at n = 0, a 256-token chunk at n = 1,024; and what only the kernel takes: (8, 5), 8 rows
 verifying 5 tokens each at 300-349, against onnxruntime's way, 8 calls (1, 5)."""
-import collections, json, statistics, subprocess, sys, tempfile, time
+import collections, json, statistics, subprocess, sys, tempfile
 from pathlib import Path
 import os
 import numpy as np, onnxruntime as ort
 from specexport import kernels
-from specexport.backends.ort import fused_feeds, session_options
+from fused_calls import fused_call  # experiments/
+from specexport.backends.ort import session_options
 
 os.environ.setdefault("SPECEXPORT_MATMUL", "0")  # read when a session registers the library
 
@@ -43,26 +44,7 @@ caches = {w: base.copy() for w in sessions}
 
 
 def call(who, n, T, rows=None):
-    B = len(n)
-    sess, cache = sessions[who], caches[who]
-    rows = slice(0, B) if rows is None else rows
-    io = sess.io_binding()
-    for i in range(L):
-        for j, kind in enumerate(("key", "value")):
-            ov = ort.OrtValue.ortvalue_from_numpy(cache[i, j, rows])
-            io.bind_ortvalue_input(f"past_{kind}.{i}", ov)
-            io.bind_ortvalue_output(f"present_{kind}.{i}", ov)
-    ids = np.full((B, T), 1000, np.int64) + np.arange(T)[None] * 7
-    f = fused_feeds(n, ids, n[:, None] + np.arange(T)[None], None)
-    f["logit_rows"] = np.arange(T, dtype=np.int64) if T <= 9 else np.array([T - 1], np.int64)
-    for k, v in f.items():
-        io.bind_cpu_input(k, v)
-    logits = np.empty((B, len(f["logit_rows"]), V), np.float32)
-    io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-    io.bind_output("top_ids")
-    t = time.perf_counter()
-    sess.run_with_iobinding(io)
-    return time.perf_counter() - t, logits
+    return fused_call(sessions[who], caches[who], n, T, V, rows)
 
 
 def rows_apart(who, n, T):  # onnxruntime's way for several tokens per row: one call per row

@@ -5,11 +5,12 @@ interleaved (order swapped each round), same inputs, rows' caches of random numb
 Calls: (B, T) = (1,1), (4,1), (8,1), (16,1), (1,9) verify, (8,5), (8,9), a 64-token chunk at n = 0 and a
 256-token chunk at n = 1,024. Also checked: each row of an (8,1) call against the same row run alone, (1,1),
 bit for bit (matmul.c's rows do not depend on what shares their call)."""
-import collections, json, os, statistics, sys, time
+import collections, json, os, statistics, sys
 from pathlib import Path
 import numpy as np, onnxruntime as ort
 from specexport import kernels
-from specexport.backends.ort import fused_feeds, session_options
+from fused_calls import fused_call  # experiments/
+from specexport.backends.ort import session_options
 
 root = Path(sys.argv[1])
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
@@ -28,26 +29,7 @@ caches = {w: base.copy() for w in sessions}
 
 
 def call(who, n, T, rows=None):
-    B = len(n)
-    sess, cache = sessions[who], caches[who]
-    rows = slice(0, B) if rows is None else rows
-    io = sess.io_binding()
-    for i in range(L):
-        for j, kind in enumerate(("key", "value")):
-            ov = ort.OrtValue.ortvalue_from_numpy(cache[i, j, rows])
-            io.bind_ortvalue_input(f"past_{kind}.{i}", ov)
-            io.bind_ortvalue_output(f"present_{kind}.{i}", ov)
-    ids = np.full((B, T), 1000, np.int64) + np.arange(T)[None] * 7
-    f = fused_feeds(n, ids, n[:, None] + np.arange(T)[None], None)
-    f["logit_rows"] = np.arange(T, dtype=np.int64) if T <= 9 else np.array([T - 1], np.int64)
-    for k, v in f.items():
-        io.bind_cpu_input(k, v)
-    logits = np.empty((B, len(f["logit_rows"]), V), np.float32)
-    io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-    io.bind_output("top_ids")
-    t = time.perf_counter()
-    sess.run_with_iobinding(io)
-    return time.perf_counter() - t, logits
+    return fused_call(sessions[who], caches[who], n, T, V, rows)
 
 
 n8 = 300 + 7 * np.arange(8)

@@ -22,12 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "onnxruntime_c_api.h"
+#include "ops.h"
 
 #define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
 
-const OrtApi *specexport_ort; /* matmul.c uses it too */
-#define ort specexport_ort
+const OrtApi *specexport_ort; /* ops.h: matmul.c uses it too */
 
 typedef struct {
   int64_t heads, kv_heads, rotary;
@@ -212,21 +211,6 @@ static inline int zeros(const float *b, int64_t n) {
 
 static OrtStatus *fail(const char *msg) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, msg); }
 
-#define TRY(x)                    \
-  do {                            \
-    OrtStatus *st_ = (x);         \
-    if (st_) return st_;          \
-  } while (0)
-
-static OrtStatus *dims(const OrtValue *v, int64_t *out, size_t *rank) {
-  OrtTensorTypeAndShapeInfo *info;
-  TRY(ort->GetTensorTypeAndShape(v, &info));
-  OrtStatus *st = ort->GetDimensionsCount(info, rank);
-  if (!st && *rank <= 4) st = ort->GetDimensions(info, out, *rank);
-  ort->ReleaseTensorTypeAndShapeInfo(info);
-  return st;
-}
-
 static OrtStatus *input(OrtKernelContext *ctx, size_t i, const OrtValue **v, const void **data) {
   *v = NULL;
   *data = NULL;
@@ -245,18 +229,18 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   if (k->rotary && (!v[7] || !v[8])) return fail("GroupQueryAttention (specexport): do_rotary needs cos_cache and sin_cache");
   int64_t qd[4], kd[4], bd[4], cd[4];
   size_t r;
-  TRY(dims(v[0], qd, &r));
+  TRY(dims(v[0], qd, &r, 4));
   if (r != 3) return fail("GroupQueryAttention (specexport): query must be [B, T, H D] or [B, T, (H + 2 Hkv) D]");
-  TRY(dims(v[3], kd, &r));
+  TRY(dims(v[3], kd, &r, 4));
   if (r != 4) return fail("GroupQueryAttention (specexport): past_key must be [B, Hkv, S, D]");
   Call c = {.k = k, .B = qd[0], .T = qd[1], .S = kd[2], .D = kd[3]};
   int64_t H = k->heads * c.D, Hkv = k->kv_heads * c.D;
   c.qp = p[0];
   if (v[1]) { /* q, k and v apart (graphs built before 2026-12-03) */
     int64_t ed[4], vd[4];
-    TRY(dims(v[1], ed, &r));
+    TRY(dims(v[1], ed, &r, 4));
     if (r != 3 || ed[0] != c.B || ed[1] != c.T || ed[2] != Hkv) return fail("GroupQueryAttention (specexport): key must be [B, T, Hkv D]");
-    TRY(dims(v[2], vd, &r));
+    TRY(dims(v[2], vd, &r, 4));
     if (r != 3 || vd[0] != c.B || vd[1] != c.T || vd[2] != Hkv) return fail("GroupQueryAttention (specexport): value must be [B, T, Hkv D]");
     c.kp = p[1], c.vp = p[2], c.qs = H, c.ks = c.vs = Hkv;
   } else { /* packed: a token's row is its q heads, then k, then v */
@@ -267,7 +251,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   if (c.D % 16 || c.D < 16 || c.D > 128)
     return fail("GroupQueryAttention (specexport): head size must be a multiple of 16 up to 128 (run with SPECEXPORT_KERNELS=0)");
   if (k->rotary) {
-    TRY(dims(v[7], cd, &r));
+    TRY(dims(v[7], cd, &r, 4));
     if (r != 2 || cd[1] != c.D / 2) return fail("GroupQueryAttention (specexport): cos_cache must be [positions, D/2]");
   }
   c.L = *(const int32_t *)p[6];
@@ -278,7 +262,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   c.pos = p[9];
   c.bias = p[10];
   if (v[10]) {
-    TRY(dims(v[10], bd, &r));
+    TRY(dims(v[10], bd, &r, 4));
     if (r != 4 || (bd[0] != 1 && bd[0] != c.B) || bd[1] != 1 || bd[2] != c.T || bd[3] != c.L)
       return fail("GroupQueryAttention (specexport): attention_bias must be [B or 1, 1, T, total_sequence_length]");
     c.bias_rows = (int)bd[0];

@@ -31,10 +31,7 @@
 #include <immintrin.h>
 #endif
 
-#include "onnxruntime_c_api.h"
-
-extern const OrtApi *specexport_ort; /* gqa.c's, set when the library is registered */
-#define ort specexport_ort
+#include "ops.h"
 
 #if defined(__AVX512F__)
 #define VL 16 /* floats per vector */
@@ -213,21 +210,6 @@ typedef struct {
   int64_t K, N;
 } Kernel;
 
-#define TRY(x)                    \
-  do {                            \
-    OrtStatus *st_ = (x);         \
-    if (st_) return st_;          \
-  } while (0)
-
-static OrtStatus *shape(const OrtValue *v, int64_t *d, size_t *rank) {
-  OrtTensorTypeAndShapeInfo *info;
-  TRY(ort->GetTensorTypeAndShape(v, &info));
-  OrtStatus *st = ort->GetDimensionsCount(info, rank);
-  if (!st && *rank <= 8) st = ort->GetDimensions(info, d, *rank);
-  ort->ReleaseTensorTypeAndShapeInfo(info);
-  return st;
-}
-
 /* onnxruntime's own MatMul (batched or vector B): the output shape as numpy's matmul broadcasts it */
 static OrtStatus *fallback(Kernel *k, OrtKernelContext *ctx, const OrtValue *a, const OrtValue *b, const int64_t *ad,
                            size_t ar, const int64_t *bd, size_t br) {
@@ -262,8 +244,8 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   TRY(ort->KernelContext_GetInput(ctx, 1, &b));
   int64_t ad[8], bd[8];
   size_t ar, br;
-  TRY(shape(a, ad, &ar));
-  TRY(shape(b, bd, &br));
+  TRY(dims(a, ad, &ar, 8));
+  TRY(dims(b, bd, &br, 8));
   if (!k->panels || ar < 1 || ar > 8) return fallback(k, ctx, a, b, ad, ar, bd, br);
   if (br != 2 || bd[0] != k->K || bd[1] != k->N)
     return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): B is not the constant it was packed from");
@@ -306,8 +288,10 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
   int64_t bd[8];
   size_t br = 0;
   const float *B = NULL;
-  if (constant && b && !shape(b, bd, &br) && br == 2 && bd[0] > 0 && bd[1] > 0 &&
-      !ort->GetTensorMutableData((OrtValue *)b, (void **)&B) && B) {
+  if (constant && b && (st = dims(b, bd, &br, 8))) ort->ReleaseStatus(st), br = 0;
+  if (br == 2 && bd[0] > 0 && bd[1] > 0 && (st = ort->GetTensorMutableData((OrtValue *)b, (void **)&B)))
+    ort->ReleaseStatus(st), B = NULL;
+  if (br == 2 && B) {
     k->K = bd[0], k->N = bd[1];
     if (!(k->panels = pack(B, k->K, k->N))) {
       ort->ReleaseOp(k->fallback);

@@ -1,0 +1,22 @@
+/* What gqa.c and matmul.c share: onnxruntime's API (gqa.c's RegisterCustomOps sets it), TRY, a tensor's dims. */
+#pragma once
+#include "onnxruntime_c_api.h"
+
+extern const OrtApi *specexport_ort;
+#define ort specexport_ort
+
+#define TRY(x)                    \
+  do {                            \
+    OrtStatus *st_ = (x);         \
+    if (st_) return st_;          \
+  } while (0)
+
+/* v's rank, and its dims into out when the rank is at most max (out's length) */
+static inline OrtStatus *dims(const OrtValue *v, int64_t *out, size_t *rank, size_t max) {
+  OrtTensorTypeAndShapeInfo *info;
+  TRY(ort->GetTensorTypeAndShape(v, &info));
+  OrtStatus *st = ort->GetDimensionsCount(info, rank);
+  if (!st && *rank <= max) st = ort->GetDimensions(info, out, *rank);
+  ort->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
