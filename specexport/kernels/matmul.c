@@ -65,7 +65,7 @@ static inline vec fma_(vec a, vec b, vec c) {
 #define DIST 16384 /* one pass over a panel: how far ahead of the row being read the prefetches run */
 #endif
 #ifndef KC
-#define KC (1024 / PV) /* rows of a panel per step when many rows pass over it (64 kB) */
+#define KC (65536 / PW) /* rows of a panel per step when many rows pass over it (256 kB) */
 #endif
 
 static int parts_ = 0; /* how many threads share a call's columns: onnxruntime's pool size (specexport_threads) */
@@ -173,7 +173,7 @@ static void part(void *arg, size_t p) {
     int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
     const float *w = c->panels + panel * K * PW + VL * a;
     int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
-    /* more than two passes: KC rows of the panel at a time (64 kB, kept in cache while every pass reads them) */
+    /* more than two passes: KC rows of the panel at a time (256 kB, kept in L2 while every pass reads them) */
     int64_t kc = passes > 2 ? KC : K;
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       int64_t k1 = k0 + kc < K ? k0 + kc : K;
