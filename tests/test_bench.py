@@ -1,5 +1,6 @@
 """`specexport bench` end to end on a tiny bundle: records, the Spec-Bench-style table, the plot."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,10 @@ def test_bench_concurrency_mode(bundle_noisy, tmp_path):
     assert max(int(b) for a in aggs if a["concurrency"] == 2 for b in a["batch"]) == 2  # requests shared calls
     table = (out / "summary.md").read_text()
     assert "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s |" in table
+    # the solo reference is measured before and after the levels, and the summary says both
+    before, after = re.search(r"plain decoding = [\d.]+ tokens/s \(([\d.]+) before the levels, ([\d.]+) after\)",
+                              table).groups()
+    assert float(before) > 0 and float(after) > 0
     for c in (1, 2):
         for m in methods:
             assert f"| {c} | {m} |" in table

@@ -193,6 +193,11 @@ class Load:
         return out
 
 
+def tps(runs: list) -> float:
+    """Tokens per second over (tokens, seconds) runs."""
+    return sum(len(t) for t, _ in runs) / sum(sec for _, sec in runs)
+
+
 def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]:
     """-> (one record per request, one aggregate per (level, method, repeat), run info)."""
     qpath = find_questions(cfg.questions)
@@ -211,8 +216,7 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
     solo = {"": L.solo(prompts)}  # bundle tag -> per prompt (tokens, seconds); the peers compare with ""
     for tag in dict.fromkeys(m.partition("@")[2] for m in meths if m.startswith("se-") and "@" in m):
         solo[tag] = L.solo(prompts, tag)
-    solo_tps = sum(len(t) for t, _ in solo[""]) / sum(s for _, s in solo[""])
-    log(f"solo plain decoding (the reference): {solo_tps:.1f} tokens/s")
+    log(f"solo plain decoding (the reference), before the levels: {tps(solo['']):.1f} tokens/s")
     cpu = machine.cpu()
     records, aggs = [], []
     with open(out / "records.jsonl", "w") as f, open(out / "aggregates.jsonl", "w") as fa:
@@ -252,9 +256,18 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
                     tt = [r["ttft_s"] for r in rows]
                     log(f"c={level} {meth}: {agg['tokens_per_s']:.1f} tokens/s, TTFT p50 {pct(tt, 50):.2f} s, "
                         f"{agg['identical']}/{len(rows)} identical to solo")
+    # the reference again, after the levels: this machine class's memory speed drifts within a run (one
+    # measurement at the start was 1.25x the engine's own one-request speed minutes later), so the ratios
+    # divide by both passes' tokens over both passes' seconds; the tokens must repeat exactly
+    after = L.solo(prompts)
+    if [t for t, _ in after] != [t for t, _ in solo[""]]:
+        log("the solo runs after the levels did not repeat the first ones' tokens")
+    solo_tps = tps(solo[""] + after)
+    log(f"solo plain decoding after the levels: {tps(after):.1f} tokens/s; the reference: {solo_tps:.1f}")
     info = {"methods": meths, "skipped": [x for x in cfg.methods if x not in meths], "questions": str(qpath),
             "machine": cpu, "versions": machine.versions(), "peers": L.ov_info, "solo_tokens_per_s": solo_tps,
-            "solo_seconds": sum(s for _, s in solo[""]),
+            "solo_before_after_tokens_per_s": [tps(solo[""]), tps(after)],
+            "solo_seconds": sum(s for _, s in solo[""] + after),
             "batch_sizes": {tag or "main": p.manifest.batch_sizes for tag, p in L.pipes.items()}}
     return records, aggs, info
 
@@ -267,7 +280,9 @@ def summarize_load(records: list[dict], aggs: list[dict], cfg: BenchConfig, info
         f"Concurrency: {len({r['request'] for r in records})} requests per level at most, {cfg.max_new_tokens} "
         f"new tokens, {'greedy' if not cfg.temperature else f'sampled (temperature {cfg.temperature})'}, "
         f"{cfg.arrival} arrivals{f' at {cfg.rate} requests/s' if cfg.arrival == 'poisson' else ''}; bundle batch "
-        f"sizes {info['batch_sizes']}. Baseline: each request alone, plain decoding = {solo:.1f} tokens/s. "
+        f"sizes {info['batch_sizes']}. Baseline: each request alone, plain decoding = {solo:.1f} tokens/s"
+        + (" ({:.1f} before the levels, {:.1f} after). ".format(*info["solo_before_after_tokens_per_s"])
+           if "solo_before_after_tokens_per_s" in info else ". ") +
         "TTFT: submit -> first text piece; TPOT: seconds per output token after the first. Identical: "
         "tokens == the same request run alone." + (f" Median of {cfg.repeats} runs." if cfg.repeats > 1 else ""),
         "", "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
