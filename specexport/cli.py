@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -290,7 +291,18 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+def _leaving(argv_given: bool, rc: int) -> int:
+    """The command was interrupted and has cleaned up: as a process (not a call from Python), ignore further
+    interrupts while the interpreter shuts down, so that one arriving then (a second Ctrl-C, or one re-raised
+    late) cannot turn the exit status `rc` into death by signal (CI once saw -2 after "interrupted")."""
+    if not argv_given:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+    return rc
+
+
 def main(argv=None) -> int:
+    argv_given = argv is not None
     argv = sys.argv[1:] if argv is None else list(argv)
     i = next((j for j, x in enumerate(argv) if not x.startswith("-")), len(argv))
     if argv[i:i + 1] == ["bench"]:  # its own parser takes the rest (REMAINDER would refuse a leading option: --help)
@@ -308,10 +320,10 @@ def main(argv=None) -> int:
         return a.fn(a)
     except Terminated as e:  # SIGTERM/SIGHUP during a build: cleaned up like Ctrl-C
         print("terminated", file=sys.stderr)
-        return 128 + int(e.args[0])
+        return _leaving(argv_given, 128 + int(e.args[0]))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return _leaving(argv_given, 130)
     except BrokenPipeError:  # `specexport inspect ... | head`: the reader left; say nothing
         sys.stdout = open(os.devnull, "w")
         return 141
