@@ -211,8 +211,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as one JSON object only (text, token_ids, "
                    "finish_reason, stats)")
     g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
-    g.add_argument("--backend", choices=("onnxruntime",) + OPENVINO, default="onnxruntime",
-                   help="what runs the graphs: onnxruntime (any bundle), or OpenVINO's CPU plugin in float32, "
+    g.add_argument("--backend", choices=("onnxruntime", "onnxruntime-bf16") + OPENVINO, default="onnxruntime",
+                   help="what runs the graphs: onnxruntime (any bundle); onnxruntime-bf16: the same with the "
+                   "weights held in bfloat16 by specexport's MatMul kernel, float32 math (a fused bundle; a target "
+                   "of its own, half the weights' memory traffic, every drafter lossless against its plain "
+                   "decoding); or OpenVINO's CPU plugin in float32, "
                    "bfloat16, or float32 with int4 weights quantised at load (a --attention slots or portable "
                    "bundle; pip install '.[openvino]'; bfloat16 and int4 are targets of their own whose drafts are "
                    "chains: model, ngram, recycle's best path)")

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import kernels
 from ..bundle import BundleError, ModelEntry
+from ..errors import OptionError
 from ..runtime.kv import KVPool, RingKV
 from .base import BackendBase, StepOut, batch_inputs, logit_rows, step_inputs
 
@@ -22,7 +23,7 @@ class OrtBackend(BackendBase):
     """One model on onnxruntime (CPU by default)."""
 
     def __init__(self, root: Path, entry: ModelEntry, buckets: list, threads: int | None = None,
-                 providers: list | None = None, batch_sizes: list | None = None):
+                 providers: list | None = None, batch_sizes: list | None = None, weights: str = "float32"):
         import onnxruntime as ort
 
         super().__init__(entry, buckets, batch_sizes)
@@ -33,10 +34,16 @@ class OrtBackend(BackendBase):
         # CPU sessions only): None where onnxruntime's own runs
         cpu = providers in (None, ["CPUExecutionProvider"])
         self.kernel = kernels.library(entry.arch["head_dim"]) if self.fused and cpu else None
-        self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel),
+        # weights "bf16" (backend onnxruntime-bf16): the MatMul kernel holds the weights in bfloat16, float32 math
+        why = self._no_bf16(entry, cpu) if weights == "bf16" else None
+        if why and entry.role == "target":
+            raise OptionError(f"backend onnxruntime-bf16 holds the target's weights in specexport's MatMul kernel, "
+                              f"but {why}; use backend onnxruntime (float32)")
+        self.weights = "float32" if why else weights  # a draft that cannot only proposes in float32: still lossless
+        self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel, weights),
                                             providers=providers or ["CPUExecutionProvider"])
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
-        self.numerics = f"{entry.activations or 'float32'} activations"
+        self.numerics = f"{entry.activations or 'float32'} activations" + (", bfloat16 weights" if weights == "bf16" else "")
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")
         self.root, self._mixed = root, None
@@ -48,13 +55,24 @@ class OrtBackend(BackendBase):
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
         if entry.attention not in ("fused", "portable", "slots"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
-        if entry.pad_decode and entry.speculative and entry.verify_drift is not None and entry.verify_ks():
-            # a built --pad-decode target: measure again, on this onnxruntime, that a chain's verify rows score
-            # as its padded decode calls do (the build did on its own; another onnxruntime's kernels may not):
-            # beyond the tolerance it loads plain-only (~0.3 s for SmolLM2)
+        bf16 = self.weights == "bf16" and entry.role == "target"
+        if (entry.pad_decode and entry.verify_drift is not None or bf16) and entry.speculative and entry.verify_ks():
+            # a built --pad-decode target, or bfloat16 weights (which the build did not check): measure, on this
+            # onnxruntime, that a chain's verify rows score as its decode calls do (the build did on its own;
+            # another onnxruntime's kernels may not): beyond the tolerance it loads plain-only (~0.3 s for
+            # SmolLM2)
             from ..runtime.prefill import measured_entry
 
             self.entry = measured_entry(self)
+
+    def _no_bf16(self, entry: ModelEntry, cpu: bool) -> str | None:
+        """Why this model cannot hold bfloat16 weights (they exist only in specexport's MatMul kernel), or None."""
+        return ("its graph is not fused (build without --attention, or with --attention fused)" if not self.fused else
+               "it runs on the CPU only" if not cpu else
+               f"int4/int8 weights are not float32 MatMuls ({entry.role} is {entry.kind})" if entry.kind in ("int4", "int8") else
+               "specexport's kernels are off or did not build (SPECEXPORT_KERNELS=0, no C compiler, or an "
+               f"unsupported head size {entry.arch['head_dim']})" if not self.kernel else
+               "SPECEXPORT_MATMUL=0 turns its MatMul kernel off" if not kernels.matmul_on(self.kernel, True) else None)
 
     @property
     def exact_trees(self) -> bool:
@@ -231,7 +249,8 @@ class OrtBackend(BackendBase):
 
             try:
                 sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]),
-                                            session_options(None, self.kernel), providers=self.session.get_providers())
+                                            session_options(None, self.kernel, self.weights),
+                                            providers=self.session.get_providers())
             except Exception as e:  # noqa: BLE001 -- whatever onnxruntime raises on a bad graph
                 raise BundleError(f"{self.entry.mixed['graph']}: onnxruntime cannot load the mixed graph "
                                   f"({str(e)[:300]}): rebuild the bundle") from None
@@ -348,14 +367,15 @@ def bind_cache(io, views):
 _POOL: list = []  # the size of onnxruntime's global thread pool, once set
 
 
-def session_options(threads: int | None = None, kernel: str | None = None):
+def session_options(threads: int | None = None, kernel: str | None = None, weights: str = "float32"):
     """SessionOptions of every CPU session the runtime opens (and scripts that open their own beside it): on
     onnxruntime's ONE global intra-op thread pool, whose size the first call of the process sets (`threads`,
     else $SPECEXPORT_THREADS, else the CPU count). A target and its draft, or a target's step and mixed graphs,
     alternate call by call; with a pool per session the idle one's spinning threads took the cores from the
     other (a mixed call right after a step-graph call ran 1.9x its time alone on 2 cores), and a pool that
     did not spin paid a wake-up per parallel section (+23%). Shared threads do neither. `kernel`: the path of
-    specexport's kernel library (kernels.library) to register, or None."""
+    specexport's kernel library (kernels.library) to register, or None; `weights` "bf16": its MatMul packs the
+    weights as bfloat16 (the caller checks kernels.matmul_on first)."""
     import onnxruntime as ort
     import onnxruntime.capi._pybind_state as C
 
@@ -366,6 +386,8 @@ def session_options(threads: int | None = None, kernel: str | None = None):
     so.use_per_session_threads = False
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if kernel:
+        if weights == "bf16":  # read by the library as it registers its ops (kernels/gqa.c)
+            so.add_session_config_entry("specexport.matmul_weights", "bf16")
         so.register_custom_ops_library(kernel)
         kernels.set_threads(kernel, _POOL[0])
     return so

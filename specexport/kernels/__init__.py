@@ -5,7 +5,9 @@ file's header comment, docs/design.md "The attention kernel" and "The weights' M
 the path of the shared library to load into a session's options (`register_custom_ops_library`); it registers
 each op under its own domain and name (com.microsoft's GroupQueryAttention, the ONNX domain's MatMul), so the
 graph and the bundle stay as they are and a session without the library runs onnxruntime's kernels.
-SPECEXPORT_MATMUL=0 leaves MatMul to onnxruntime (the attention kernel still runs), to compare the two.
+SPECEXPORT_MATMUL=0 leaves MatMul to onnxruntime (the attention kernel still runs), to compare the two. A session
+whose options carry specexport.matmul_weights=bf16 (session_options(weights="bf16"), backend onnxruntime-bf16)
+gets the MatMul with its weights rounded to bfloat16 (float32 math), on any CPU the library builds for.
 
 The library is built with the system C compiler ($CC, else cc or gcc; -O3 -march=native: this CPU's vector
 width, AVX-512 or AVX2) into a cache keyed by the sources, the flags and this CPU's flags
@@ -83,6 +85,12 @@ def set_threads(path: str, n: int) -> None:
     """Tell the library how many threads onnxruntime's pool has: matmul.c splits a call's columns into that many
     parts (the CPU count until told). The library is the one the session loaded (same path, one copy)."""
     ctypes.CDLL(path).specexport_threads(int(n))
+
+
+def matmul_on(path: str, bf16: bool = False) -> bool:
+    """Whether sessions that load the library run its MatMul (float32 weights, or bfloat16 ones): gqa.c's own
+    rule (AVX-512 builds by default, SPECEXPORT_MATMUL=0 off, =1 on anywhere; bfloat16 on anywhere unless off)."""
+    return bool(ctypes.CDLL(path).specexport_matmul_on(int(bf16)))
 
 
 def library(head_dim: int) -> str | None:

@@ -24,8 +24,6 @@
 
 #include "ops.h"
 
-#define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
-
 const OrtApi *specexport_ort; /* ops.h: matmul.c uses it too */
 
 typedef struct {
@@ -322,7 +320,6 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
 }
 
 static const char *name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
-static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
   (void)op;
   return i == 5 || i == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : i == 9 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -336,9 +333,21 @@ static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_
   return i == 0 || i == 3 || i == 4 || i == 5 || i == 6 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
 static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
-static OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
 
-extern OrtCustomOp specexport_matmul_op; /* matmul.c */
+extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op; /* matmul.c */
+
+/* Whether a session gets matmul.c's MatMul: by default where this build has AVX-512; SPECEXPORT_MATMUL=0 off,
+ * =1 on anywhere; bfloat16 weights (bf16 = 1) have no other kernel, so on anywhere unless turned off. The
+ * runtime asks before it offers bf16 (kernels.matmul_on). */
+int specexport_matmul_on(int bf16) {
+  const char *mm = getenv("SPECEXPORT_MATMUL");
+  if (mm && !strcmp(mm, "0")) return 0;
+#if defined(__AVX512F__)
+  return 1;
+#else
+  return bf16 || (mm && !strcmp(mm, "1"));
+#endif
+}
 
 static OrtCustomOp gqa_op = {
     .version = API_VERSION,
@@ -363,15 +372,15 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
   TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
   TRY(ort->AddCustomOpDomain(options, domain));
-  /* matmul.c's MatMul: by default where this build has AVX-512 (SPECEXPORT_MATMUL=0 off, =1 on anywhere) */
-  const char *mm = getenv("SPECEXPORT_MATMUL");
-#if defined(__AVX512F__)
-  if (mm && !strcmp(mm, "0")) return NULL;
-#else
-  if (!mm || strcmp(mm, "1")) return NULL;
-#endif
+  /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them (backend onnxruntime-bf16) */
+  char val[8] = "";
+  size_t len = sizeof(val);
+  OrtStatus *st = ort->GetSessionConfigEntry(options, "specexport.matmul_weights", val, &len);
+  if (st) ort->ReleaseStatus(st), val[0] = 0; /* not set (or too long to be "bf16") */
+  int bf16 = !strcmp(val, "bf16");
+  if (!specexport_matmul_on(bf16)) return NULL;
   OrtCustomOpDomain *onnx;
   TRY(ort->CreateCustomOpDomain("", &onnx));
-  TRY(ort->CustomOpDomain_Add(onnx, &specexport_matmul_op));
+  TRY(ort->CustomOpDomain_Add(onnx, bf16 ? &specexport_matmul_bf16_op : &specexport_matmul_op));
   return ort->AddCustomOpDomain(options, onnx);
 }

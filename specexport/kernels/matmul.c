@@ -19,6 +19,12 @@
  * rows share its call: a verify row scores exactly as the same token's decode row, a prefill chunk's rows as
  * one-token calls, a batch's rows as the same requests alone.
  *
+ * bfloat16 weights (a session whose options carry specexport.matmul_weights=bf16, backend "onnxruntime-bf16"):
+ * B is rounded to bfloat16 (to nearest, ties to even) when packed, and widened back to float32 in registers as it
+ * is read (a 16-bit shift, exact), so the multiply-adds, their order and the row-consistency above are unchanged;
+ * the weights' read, what a decode call costs, halves. Only the weights are rounded: activations, the cache and
+ * every sum stay float32.
+ *
  * AVX-512 only by default (gqa.c registers it when __AVX512F__): the AVX2 build (8-float vectors, 6 x 16
  * blocks) compiles and is correct but was not measured on an AVX2-only CPU; SPECEXPORT_MATMUL=1 turns it on
  * there, =0 off everywhere. */
@@ -85,9 +91,10 @@ static int parts(void) {
  * carried on from y when k0 > 0 (exactly: a float stored and loaded is the same float); `w` is the panel at row
  * k0 (rows of PW floats). `ahead` (a cursor into the part's stream) gets up to `lines` prefetches per row.
  * ROWS: RB for a full block (no per-row tests in the loop), else R at run time. */
-#define BLOCK(NAME, NVEC, ROWS)                                                                                \
-  static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const float *w, float *y, int64_t N, int R, \
+#define BLOCK(NAME, NVEC, ROWS, W, LD)                                                                         \
+  static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const void *w_, float *y, int64_t N, int R, \
                    int64_t cols, const char **ahead, const char *limit, int lines) {                             \
+    const W *w = w_;                                                                                            \
     vec a[RB][NVEC];                                                                                            \
     (void)R;                                                                                                    \
     for (int r = 0; r < ROWS; r++)                                                                              \
@@ -97,7 +104,7 @@ static int parts(void) {
         for (int i = 0; i < lines && *ahead < (limit ? limit : (const char *)w + DIST); i++, *ahead += 64)     \
           __builtin_prefetch(*ahead, 0, 1);                                                                     \
       vec b[NVEC];                                                                                              \
-      for (int j = 0; j < NVEC; j++) b[j] = ld(w + VL * j);                                                     \
+      for (int j = 0; j < NVEC; j++) b[j] = LD(w + VL * j);                                                     \
       for (int r = 0; r < ROWS; r++) {                                                                          \
         vec s = bcast(x + r * K + k);                                                                           \
         for (int j = 0; j < NVEC; j++) a[r][j] = fma_(s, b[j], a[r][j]);                                       \
@@ -120,6 +127,30 @@ static inline void put(float *p, vec v, int64_t n) {
   else
     for (int64_t i = 0; i < n; i++) p[i] = v[i];
 }
+/* VL bfloat16 values at p, widened to float32 (exactly: a bfloat16 is a float32's upper 16 bits) */
+static inline vec ld_bf16(const uint16_t *p) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
+#elif defined(__AVX2__)
+  return (vec)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
+#else
+  vec v;
+  for (int i = 0; i < VL; i++) {
+    uint32_t u = (uint32_t)p[i] << 16;
+    memcpy(&v[i], &u, 4);
+  }
+  return v;
+#endif
+}
+
+/* x rounded to bfloat16: to nearest, ties to even (as torch's bfloat16 conversion); NaN stays NaN */
+static inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
 static inline vec bcast(const float *p) {
 #if defined(__AVX512F__)
   return (vec)_mm512_set1_ps(*p); /* folds into the multiply-add as a broadcast operand */
@@ -135,23 +166,30 @@ static inline vec bcast(const float *p) {
 #endif
 }
 
-#define BLOCKS(NVEC) BLOCK(full##NVEC, NVEC, RB) BLOCK(some##NVEC, NVEC, R)
-typedef void Block(const float *, int64_t, int64_t, int64_t, const float *, float *, int64_t, int, int64_t,
+/* each block for float32 panels (f) and bfloat16 panels (h) */
+#define BLOCKS(NVEC)                                                                                       \
+  BLOCK(full##NVEC##f, NVEC, RB, float, ld) BLOCK(some##NVEC##f, NVEC, R, float, ld)                       \
+  BLOCK(full##NVEC##h, NVEC, RB, uint16_t, ld_bf16) BLOCK(some##NVEC##h, NVEC, R, uint16_t, ld_bf16)
+typedef void Block(const float *, int64_t, int64_t, int64_t, const void *, float *, int64_t, int, int64_t,
                    const char **, const char *, int);
 BLOCKS(1)
 BLOCKS(2)
 #if PV == 4
 BLOCKS(3)
 BLOCKS(4)
-static Block *const full[] = {NULL, full1, full2, full3, full4}, *const some[] = {NULL, some1, some2, some3, some4};
+static Block *const blocks[2][2][PV + 1] = {{{NULL, some1f, some2f, some3f, some4f}, {NULL, full1f, full2f, full3f, full4f}},
+                                           {{NULL, some1h, some2h, some3h, some4h}, {NULL, full1h, full2h, full3h, full4h}}};
 #else
-static Block *const full[] = {NULL, full1, full2}, *const some[] = {NULL, some1, some2};
+static Block *const blocks[2][2][PV + 1] = {{{NULL, some1f, some2f}, {NULL, full1f, full2f}},
+                                           {{NULL, some1h, some2h}, {NULL, full1h, full2h}}};
 #endif
 
 typedef struct {
-  const float *x, *panels; /* panels: B as ceil(N / PW) panels of K rows x PW columns, zero-padded */
+  const float *x;
+  const void *panels; /* B as ceil(N / PW) panels of K rows x PW columns, zero-padded; float or bfloat16 */
   float *y;
   int64_t M, K, N, nparts;
+  int bf16; /* the panels' elements: 0 float32, 1 bfloat16 */
 } Call;
 
 /* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of RB rows
@@ -160,18 +198,19 @@ typedef struct {
  * cache. */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
-  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, bytes = K * PW * 4;
+  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, es = c->bf16 ? 2 : 4, bytes = K * PW * es;
   int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts;
   int64_t passes = (c->M + RB - 1) / RB;
   /* One pass (M <= RB): the cursor starts at the part's first byte and keeps DIST ahead of the row being read,
    * up to twice as fast as the reads (a panel row is PW * 4 / 64 lines). Several: it starts at the second panel
    * and brings in a panel over the passes over the one before, at the pace the work goes. */
-  int lines = (int)(passes == 1 ? 2 * PW * 4 / 64 : (PW * 4 / 64 + passes - 1) / passes);
+  int lines = (int)(passes == 1 ? 2 * PW * es / 64 : (PW * es / 64 + passes - 1) / passes);
+  if (lines < 1) lines = 1; /* a bfloat16 panel row of the AVX2 build is half a line */
   const char *base = (const char *)c->panels, *end = base + (v1 + PV - 1) / PV * bytes;
   const char *ahead = base + (v0 / PV + (passes > 1)) * bytes;
   for (int64_t v = v0; v < v1;) {
     int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
-    const float *w = c->panels + panel * K * PW + VL * a;
+    const char *w = (const char *)c->panels + (panel * K * PW + VL * a) * es;
     int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
     /* more than two passes: KC rows of the panel at a time (256 kB, kept in L2 while every pass reads them) */
     int64_t kc = passes > 2 ? KC : K;
@@ -181,33 +220,40 @@ static void part(void *arg, size_t p) {
         const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
         limit = passes == 1 ? NULL : limit < end ? limit : end;
         int R = c->M - r < RB ? (int)(c->M - r) : RB;
-        (R == RB ? full : some)[b - a](c->x + r * K, K, k0, k1, w + k0 * PW, c->y + r * N + n0, N, R, cols, &ahead,
-                                       limit, lines);
+        blocks[c->bf16][R == RB][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, R, cols,
+                                         &ahead, limit, lines);
       }
     }
     v = (panel + 1) * PV;
   }
 }
 
-/* B [K, N] as panels (see Call), in a fresh 64-byte aligned buffer; NULL when out of memory */
-static float *pack(const float *B, int64_t K, int64_t N) {
-  int64_t np = (N + PW - 1) / PW;
-  float *panels = aligned_alloc(64, (size_t)(np * K * PW * 4));
+/* B [K, N] as panels (see Call) of float32 or bfloat16 elements, in a fresh 64-byte aligned buffer; NULL when
+ * out of memory */
+static void *pack(const float *B, int64_t K, int64_t N, int bf16) {
+  int64_t np = (N + PW - 1) / PW, es = bf16 ? 2 : 4;
+  char *panels = aligned_alloc(64, (size_t)(np * K * PW * es));
   if (!panels) return NULL;
   for (int64_t p = 0; p < np; p++)
     for (int64_t k = 0; k < K; k++) {
-      float *dst = panels + (p * K + k) * PW;
+      char *dst = panels + (p * K + k) * PW * es;
       int64_t n0 = p * PW, cols = N - n0 < PW ? N - n0 : PW;
-      memcpy(dst, B + k * N + n0, sizeof(float) * cols);
-      memset(dst + cols, 0, sizeof(float) * (PW - cols));
+      memset(dst, 0, PW * es);
+      if (bf16)
+        for (int64_t i = 0; i < cols; i++) ((uint16_t *)dst)[i] = to_bf16(B[k * N + n0 + i]);
+      else
+        memcpy(dst, B + k * N + n0, sizeof(float) * cols);
     }
   return panels;
 }
 
+extern OrtCustomOp specexport_matmul_bf16_op;
+
 typedef struct {
   OrtOp *fallback; /* onnxruntime's MatMul, for the B this kernel does not take */
-  float *panels;   /* B packed, when B is a constant [K, N] (a weight); else NULL and the fallback runs */
+  void *panels;    /* B packed, when B is a constant [K, N] (a weight); else NULL and the fallback runs */
   int64_t K, N;
+  int bf16;        /* panels of bfloat16 (the session asked for specexport.matmul_weights=bf16) */
 } Kernel;
 
 /* onnxruntime's own MatMul (batched or vector B): the output shape as numpy's matmul broadcasts it */
@@ -251,7 +297,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): B is not the constant it was packed from");
   if (ad[ar - 1] != k->K)
     return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMul (specexport): A's last dimension is not B's first");
-  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels};
+  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .bf16 = k->bf16};
   int64_t yd[8];
   for (size_t i = 0; i + 1 < ar; i++) c.M *= ad[i], yd[i] = ad[i];
   yd[ar - 1] = c.N;
@@ -270,10 +316,10 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
 }
 
 static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
-  (void)op;
   (void)api;
   Kernel *k = calloc(1, sizeof(Kernel));
   if (!k) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
+  k->bf16 = op == &specexport_matmul_bf16_op;
   const char *names[1] = {"T"};
   ONNXTensorElementDataType types[1] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
   OrtStatus *st = ort->CreateOp(info, "MatMul", "", 13, names, types, 1, NULL, 0, 2, 1, &k->fallback);
@@ -293,7 +339,7 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     ort->ReleaseStatus(st), B = NULL;
   if (br == 2 && B) {
     k->K = bd[0], k->N = bd[1];
-    if (!(k->panels = pack(B, k->K, k->N))) {
+    if (!(k->panels = pack(B, k->K, k->N, k->bf16))) {
       ort->ReleaseOp(k->fallback);
       free(k);
       return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory packing a weight");
@@ -317,29 +363,19 @@ static void destroy(void *op) {
 }
 
 static const char *name(const OrtCustomOp *op) { (void)op; return "MatMul"; }
-static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static ONNXTensorElementDataType type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
 static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
-static OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
 static int since(const OrtCustomOp *op) { (void)op; return 1; }
 static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
 
-OrtCustomOp specexport_matmul_op = {
-    .version = 17,
-    .GetName = name,
-    .GetExecutionProviderType = provider,
-    .GetInputType = type,
-    .GetInputTypeCount = two,
-    .GetOutputType = type,
-    .GetOutputTypeCount = one,
-    .KernelDestroy = destroy,
-    .GetInputCharacteristic = required,
-    .GetOutputCharacteristic = required,
-    .GetInputMemoryType = mem_type,
-    .CreateKernelV2 = create,
-    .KernelComputeV2 = compute,
-    .GetStartVersion = since,
-    .GetEndVersion = until,
-};
+#define MATMUL_OP                                                                                           \
+  {                                                                                                        \
+    .version = API_VERSION, .GetName = name, .GetExecutionProviderType = provider, .GetInputType = type,   \
+    .GetInputTypeCount = two, .GetOutputType = type, .GetOutputTypeCount = one, .KernelDestroy = destroy, \
+    .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = mem_type, \
+    .CreateKernelV2 = create, .KernelComputeV2 = compute, .GetStartVersion = since, .GetEndVersion = until, \
+  }
+/* two ops, one per weight format: gqa.c registers the one a session's options ask for; create() tells which */
+OrtCustomOp specexport_matmul_op = MATMUL_OP, specexport_matmul_bf16_op = MATMUL_OP;

@@ -2,6 +2,8 @@
 #pragma once
 #include "onnxruntime_c_api.h"
 
+#define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
+
 extern const OrtApi *specexport_ort;
 #define ort specexport_ort
 
@@ -10,6 +12,10 @@ extern const OrtApi *specexport_ort;
     OrtStatus *st_ = (x);         \
     if (st_) return st_;          \
   } while (0)
+
+/* every op here runs on the CPU provider, its inputs and outputs in its default memory */
+static inline const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static inline OrtMemType mem_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return OrtMemTypeDefault; }
 
 /* v's rank, and its dims into out when the rank is at most max (out's length) */
 static inline OrtStatus *dims(const OrtValue *v, int64_t *out, size_t *rank, size_t max) {

@@ -1,0 +1,120 @@
+"""bfloat16 weights (backend "onnxruntime-bf16"): specexport's MatMul kernel rounds each weight to bfloat16 when it
+packs it and multiplies in float32. At the op: exactly the float32 kernel's chain over the rounded weights, rounded
+as torch rounds to bfloat16. In a bundle: a target of its own, greedy-identical to transformers' eager model with
+its Linear weights rounded the same way, and every drafter lossless against its own plain decoding, solo and
+batched, greedy and seeded sampling."""
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import specexport
+from specexport import kernels
+from specexport.errors import OptionError
+from test_matmul_kernel import fma_chain
+from test_lossless import PROMPTS
+
+
+def bf16(W: np.ndarray) -> np.ndarray:
+    """W rounded to bfloat16 (to nearest, ties to even), back in float32."""
+    u = W.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def need_kernels():
+    if kernels.compiler() is None:
+        pytest.skip("no C compiler here (.ci/run installs gcc): bfloat16 weights live in specexport's kernels")
+
+
+def bf16_session(tmp_path, W, a_shape):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    import onnx
+    from specexport.backends.ort import session_options
+
+    g = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["Y"])], "mm",
+                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, a_shape)],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [numpy_helper.from_array(W, "B")])
+    path = tmp_path / f"bf{len(list(tmp_path.iterdir()))}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
+    return ort.InferenceSession(str(path), session_options(None, kernels.library(64), "bf16"),
+                                providers=["CPUExecutionProvider"])
+
+
+def test_rounding_is_torchs():
+    rng = np.random.default_rng(0)
+    W = np.concatenate([rng.standard_normal(5000, dtype=np.float32) * 10.0 ** rng.integers(-20, 20, 5000),
+                        np.array([0.0, -0.0, 1.0, 1 + 2**-8, 1 + 3 * 2**-8, 3.4e38, -1e-40], np.float32)]).astype(np.float32)
+    want = torch.from_numpy(W).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(bf16(W), want)
+
+
+@pytest.mark.parametrize("K,N", [(40, 17), (96, 130), (33, 197), (600, 70)])
+def test_bf16_matmul_is_the_chain_over_rounded_weights(tmp_path, K, N):
+    """Bit for bit the float32 kernel's chain over the weights rounded to bfloat16, whatever rows share the call;
+    and not the float32 result (the weights really are rounded)."""
+    rng = np.random.default_rng(K + N)
+    W = rng.standard_normal((K, N), dtype=np.float32)
+    s = bf16_session(tmp_path, W, [1, "M", K])
+    for M in (1, 6, 7, 40):
+        x = rng.standard_normal((1, M, K), dtype=np.float32)
+        y = s.run(None, {"A": x})[0]
+        np.testing.assert_array_equal(y[0], fma_chain(x[0], bf16(W)))
+        assert np.abs(y[0] - fma_chain(x[0], W)).max() > 1e-4
+    one = s.run(None, {"A": x[:, 5:6]})[0]
+    np.testing.assert_array_equal(one[0, 0], y[0, 5])  # a row alone = the same row among 40
+
+
+def hf_bf16_greedy(ckpt, ids, n):
+    """transformers' eager model with every Linear weight (the LM head's too, untied) rounded to bfloat16,
+    float32 math: what the bfloat16-weight target computes."""
+    m = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager").eval()
+    m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.copy_(mod.weight.to(torch.bfloat16).float())
+        x = torch.tensor([ids])
+        out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def pipe(bundle_noisy):
+    return specexport.load(bundle_noisy, backend="onnxruntime-bf16")
+
+
+def test_bf16_target_is_transformers_with_rounded_weights(pipe, ckpts):
+    e = pipe.target.entry
+    assert pipe.target.weights == "bf16" and "bfloat16 weights" in pipe.target.numerics
+    assert e.speculative and e.verify_drift <= e.parity_tolerance  # measured at load, on these weights
+    for p in PROMPTS:
+        ids = pipe.encode(p)
+        assert pipe.generate(p, max_new_tokens=40, draft="none").token_ids == hf_bf16_greedy(ckpts["target"], ids, 40), p
+
+
+def test_every_drafter_lossless_against_bf16_plain(pipe):
+    accepted = 0
+    plain = [pipe.generate(p, max_new_tokens=40, draft="none").token_ids for p in PROMPTS]
+    for p, want in zip(PROMPTS, plain):
+        for draft, k in [("model", 2), ("model", 4), ("ngram", 4), ("recycle", 4), ("recycle", "auto")]:
+            g = pipe.generate(p, max_new_tokens=40, draft=draft, k=k)
+            assert g.token_ids == want, (p, draft, k)
+            accepted += g.stats.accepted
+    assert accepted > 0
+    opts = dict(max_new_tokens=30, temperature=0.9, top_p=0.95, top_k=40, seed=3)
+    none = pipe.generate(PROMPTS[0], draft="none", **opts).token_ids
+    for draft in ("model", "ngram", "recycle"):
+        assert pipe.generate(PROMPTS[0], draft=draft, k=4, **opts).token_ids == none, draft
+    for draft in (None, "none", "ngram", "recycle"):  # the engine: pool rows, B-row and mixed calls
+        got = pipe.generate_batch(PROMPTS, max_new_tokens=40, draft=draft)
+        assert [g.token_ids for g in got] == plain, draft
+
+
+def test_bf16_refused_where_the_kernel_cannot_hold_it(bundle_noisy, bundle_portable, monkeypatch):
+    with pytest.raises(OptionError, match="not fused"):
+        specexport.load(bundle_portable, backend="onnxruntime-bf16")
+    monkeypatch.setenv("SPECEXPORT_MATMUL", "0")
+    with pytest.raises(OptionError, match="SPECEXPORT_MATMUL=0"):
+        specexport.load(bundle_noisy, backend="onnxruntime-bf16")
