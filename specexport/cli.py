@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .backends import OPENVINO
+from .backends import OPENVINO, ORT_WEIGHTS
 
 SHORT_NAMES_HELP = ("short names: llama-7b (huggyllama/llama-7b), llama-160m (JackFram/llama-160m), "
                     "llama-68m (JackFram/llama-68m), smollm2-135m (the copy `specexport fetch-smollm2` writes)")
@@ -211,11 +211,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as one JSON object only (text, token_ids, "
                    "finish_reason, stats)")
     g.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
-    g.add_argument("--backend", choices=("onnxruntime", "onnxruntime-bf16") + OPENVINO, default="onnxruntime",
+    g.add_argument("--backend", choices=tuple(ORT_WEIGHTS) + OPENVINO, default="onnxruntime",
                    help="what runs the graphs: onnxruntime (any bundle); onnxruntime-bf16: the same with the "
                    "weights held in bfloat16 by specexport's MatMul kernel, float32 math (a fused bundle; a target "
                    "of its own, half the weights' memory traffic, every drafter lossless against its plain "
-                   "decoding); or OpenVINO's CPU plugin in float32, "
+                   "decoding); onnxruntime-bf16dot: its activations rounded to bfloat16 too at the weight MatMuls, "
+                   "multiplied by VDPBF16PS (CPUs with avx512_bf16; cheaper prefill and verify rows, a target of "
+                   "its own); or OpenVINO's CPU plugin in float32, "
                    "bfloat16, or float32 with int4 weights quantised at load (a --attention slots or portable "
                    "bundle; pip install '.[openvino]'; bfloat16 and int4 are targets of their own whose drafts are "
                    "chains: model, ngram, recycle's best path)")

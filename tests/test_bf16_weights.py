@@ -27,7 +27,7 @@ def need_kernels():
         pytest.skip("no C compiler here (.ci/run installs gcc): bfloat16 weights live in specexport's kernels")
 
 
-def bf16_session(tmp_path, W, a_shape):
+def bf16_session(tmp_path, W, a_shape, weights="bf16"):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
     import onnx
@@ -38,7 +38,7 @@ def bf16_session(tmp_path, W, a_shape):
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [numpy_helper.from_array(W, "B")])
     path = tmp_path / f"bf{len(list(tmp_path.iterdir()))}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
-    return ort.InferenceSession(str(path), session_options(None, kernels.library(64), "bf16"),
+    return ort.InferenceSession(str(path), session_options(None, kernels.library(64), weights),
                                 providers=["CPUExecutionProvider"])
 
 
@@ -66,6 +66,26 @@ def test_bf16_matmul_is_the_chain_over_rounded_weights(tmp_path, K, N):
     np.testing.assert_array_equal(one[0, 0], y[0, 5])  # a row alone = the same row among 40
 
 
+@pytest.mark.parametrize("K,N", [(41, 17), (96, 130), (601, 70)])
+def test_bf16_dot_rows_do_not_depend_on_their_call(tmp_path, K, N):
+    """The dot-product format (weights and activations rounded to bfloat16, products summed in pairs by
+    VDPBF16PS): close to the float64 product of the rounded operands, not the weight-only result, and a row's
+    bits do not depend on the rows that share its call (K odd: the last pair's high half is 0)."""
+    lib = kernels.library(64)
+    if not kernels.matmul_dot(lib):
+        pytest.skip("this CPU has no avx512_bf16 (VDPBF16PS): the bf16dot format is not built")
+    rng = np.random.default_rng(K * N)
+    W = rng.standard_normal((K, N), dtype=np.float32)
+    s = bf16_session(tmp_path, W, [1, "M", K], "bf16dot")
+    x = rng.standard_normal((1, 40, K), dtype=np.float32)
+    y = s.run(None, {"A": x})[0][0]
+    exact = bf16(x[0]).astype(np.float64) @ bf16(W).astype(np.float64)
+    assert np.abs(y - exact).max() < 1e-4 * K
+    assert np.abs(y - fma_chain(x[0], bf16(W))).max() > 1e-3  # the activations are rounded too
+    for lo, M in ((0, 1), (39, 1), (3, 7), (20, 13)):
+        np.testing.assert_array_equal(s.run(None, {"A": x[:, lo:lo + M]})[0][0], y[lo:lo + M])
+
+
 def hf_bf16_greedy(ckpt, ids, n):
     """transformers' eager model with every Linear weight (the LM head's too, untied) rounded to bfloat16,
     float32 math: what the bfloat16-weight target computes."""
@@ -85,6 +105,13 @@ def pipe(bundle_noisy):
     return specexport.load(bundle_noisy, backend="onnxruntime-bf16")
 
 
+@pytest.fixture(scope="module", params=["onnxruntime-bf16", "onnxruntime-bf16dot"])
+def any_bf16(request, bundle_noisy):
+    if request.param.endswith("dot") and not kernels.matmul_dot(kernels.library(16)):
+        pytest.skip("this CPU has no avx512_bf16 (VDPBF16PS): backend onnxruntime-bf16dot is refused here")
+    return specexport.load(bundle_noisy, backend=request.param)
+
+
 def test_bf16_target_is_transformers_with_rounded_weights(pipe, ckpts):
     e = pipe.target.entry
     assert pipe.target.weights == "bf16" and "bfloat16 weights" in pipe.target.numerics
@@ -94,8 +121,8 @@ def test_bf16_target_is_transformers_with_rounded_weights(pipe, ckpts):
         assert pipe.generate(p, max_new_tokens=40, draft="none").token_ids == hf_bf16_greedy(ckpts["target"], ids, 40), p
 
 
-def test_every_drafter_lossless_against_bf16_plain(pipe):
-    accepted = 0
+def test_every_drafter_lossless_against_bf16_plain(any_bf16):
+    pipe, accepted = any_bf16, 0
     plain = [pipe.generate(p, max_new_tokens=40, draft="none").token_ids for p in PROMPTS]
     for p, want in zip(PROMPTS, plain):
         for draft, k in [("model", 2), ("model", 4), ("ngram", 4), ("recycle", 4), ("recycle", "auto")]:
@@ -110,6 +137,21 @@ def test_every_drafter_lossless_against_bf16_plain(pipe):
     for draft in (None, "none", "ngram", "recycle"):  # the engine: pool rows, B-row and mixed calls
         got = pipe.generate_batch(PROMPTS, max_new_tokens=40, draft=draft)
         assert [g.token_ids for g in got] == plain, draft
+
+
+def test_bf16dot_is_another_target(bundle_noisy, pipe):
+    """bf16dot rounds the activations too: its own numerics and logits, measured at load like bf16's."""
+    lib = kernels.library(16)
+    if not kernels.matmul_dot(lib):
+        with pytest.raises(OptionError, match="avx512_bf16"):
+            specexport.load(bundle_noisy, backend="onnxruntime-bf16dot")
+        return
+    dot = specexport.load(bundle_noisy, backend="onnxruntime-bf16dot")
+    assert dot.target.weights == "bf16dot" and "bfloat16 activations" in dot.target.numerics
+    assert dot.target.entry.speculative and dot.target.entry.verify_drift <= dot.target.entry.parity_tolerance
+    a = [dot.generate(p, max_new_tokens=40, draft="none").token_ids for p in PROMPTS]
+    b = [pipe.generate(p, max_new_tokens=40, draft="none").token_ids for p in PROMPTS]
+    assert a != b  # another model: the rounded activations change some greedy token on these prompts
 
 
 def test_bf16_refused_where_the_kernel_cannot_hold_it(bundle_noisy, bundle_portable, monkeypatch):

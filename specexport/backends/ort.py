@@ -34,16 +34,19 @@ class OrtBackend(BackendBase):
         # CPU sessions only): None where onnxruntime's own runs
         cpu = providers in (None, ["CPUExecutionProvider"])
         self.kernel = kernels.library(entry.arch["head_dim"]) if self.fused and cpu else None
-        # weights "bf16" (backend onnxruntime-bf16): the MatMul kernel holds the weights in bfloat16, float32 math
-        why = self._no_bf16(entry, cpu) if weights == "bf16" else None
+        # weights "bf16" (backend onnxruntime-bf16): the MatMul kernel holds the weights in bfloat16, float32 math;
+        # "bf16dot" (onnxruntime-bf16dot): the activations rounded to bfloat16 too, products summed in pairs
+        why = self._no_bf16(entry, cpu, weights) if weights != "float32" else None
         if why and entry.role == "target":
-            raise OptionError(f"backend onnxruntime-bf16 holds the target's weights in specexport's MatMul kernel, "
-                              f"but {why}; use backend onnxruntime (float32)")
+            raise OptionError(f"backend onnxruntime-{weights} holds the target's weights in specexport's MatMul "
+                              f"kernel, but {why}; use backend onnxruntime (float32)")
         self.weights = "float32" if why else weights  # a draft that cannot only proposes in float32: still lossless
         self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel, weights),
                                             providers=providers or ["CPUExecutionProvider"])
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
-        self.numerics = f"{entry.activations or 'float32'} activations" + (", bfloat16 weights" if weights == "bf16" else "")
+        self.numerics = {"bf16": "float32 activations, bfloat16 weights",
+                         "bf16dot": "bfloat16 activations and weights at the weight MatMuls"}.get(
+            self.weights, f"{entry.activations or 'float32'} activations")
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")
         self.root, self._mixed = root, None
@@ -55,7 +58,7 @@ class OrtBackend(BackendBase):
         self.row_input = any(i["name"] == "logit_rows" for i in entry.inputs)  # bundles before it: all rows
         if entry.attention not in ("fused", "portable", "slots"):
             raise BundleError(f"{entry.role}: unknown attention kind {entry.attention!r}: rebuild the bundle")
-        bf16 = self.weights == "bf16" and entry.role == "target"
+        bf16 = self.weights != "float32" and entry.role == "target"
         if (entry.pad_decode and entry.verify_drift is not None or bf16) and entry.speculative and entry.verify_ks():
             # a built --pad-decode target, or bfloat16 weights (which the build did not check): measure, on this
             # onnxruntime, that a chain's verify rows score as its decode calls do (the build did on its own;
@@ -65,14 +68,16 @@ class OrtBackend(BackendBase):
 
             self.entry = measured_entry(self)
 
-    def _no_bf16(self, entry: ModelEntry, cpu: bool) -> str | None:
+    def _no_bf16(self, entry: ModelEntry, cpu: bool, weights: str) -> str | None:
         """Why this model cannot hold bfloat16 weights (they exist only in specexport's MatMul kernel), or None."""
         return ("its graph is not fused (build without --attention, or with --attention fused)" if not self.fused else
                "it runs on the CPU only" if not cpu else
                f"int4/int8 weights are not float32 MatMuls ({entry.role} is {entry.kind})" if entry.kind in ("int4", "int8") else
                "specexport's kernels are off or did not build (SPECEXPORT_KERNELS=0, no C compiler, or an "
                f"unsupported head size {entry.arch['head_dim']})" if not self.kernel else
-               "SPECEXPORT_MATMUL=0 turns its MatMul kernel off" if not kernels.matmul_on(self.kernel, True) else None)
+               "SPECEXPORT_MATMUL=0 turns its MatMul kernel off" if not kernels.matmul_on(self.kernel, True) else
+               "this CPU has no avx512_bf16 (VDPBF16PS); backend onnxruntime-bf16 runs anywhere"
+               if weights == "bf16dot" and not kernels.matmul_dot(self.kernel) else None)
 
     @property
     def exact_trees(self) -> bool:
@@ -375,7 +380,8 @@ def session_options(threads: int | None = None, kernel: str | None = None, weigh
     other (a mixed call right after a step-graph call ran 1.9x its time alone on 2 cores), and a pool that
     did not spin paid a wake-up per parallel section (+23%). Shared threads do neither. `kernel`: the path of
     specexport's kernel library (kernels.library) to register, or None; `weights` "bf16": its MatMul packs the
-    weights as bfloat16 (the caller checks kernels.matmul_on first)."""
+    weights as bfloat16, "bf16dot": as bfloat16 pairs for VDPBF16PS (the caller checks kernels.matmul_on and
+    matmul_dot first)."""
     import onnxruntime as ort
     import onnxruntime.capi._pybind_state as C
 
@@ -386,8 +392,8 @@ def session_options(threads: int | None = None, kernel: str | None = None, weigh
     so.use_per_session_threads = False
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if kernel:
-        if weights == "bf16":  # read by the library as it registers its ops (kernels/gqa.c)
-            so.add_session_config_entry("specexport.matmul_weights", "bf16")
+        if weights in ("bf16", "bf16dot"):  # read by the library as it registers its ops (kernels/gqa.c)
+            so.add_session_config_entry("specexport.matmul_weights", weights)
         so.register_custom_ops_library(kernel)
         kernels.set_threads(kernel, _POOL[0])
     return so

@@ -87,6 +87,11 @@ def set_threads(path: str, n: int) -> None:
     ctypes.CDLL(path).specexport_threads(int(n))
 
 
+def matmul_dot(path: str) -> bool:
+    """Whether the library has the bfloat16 dot-product format (built for a CPU with avx512_bf16)."""
+    return bool(ctypes.CDLL(path).specexport_matmul_dot())
+
+
 def matmul_on(path: str, bf16: bool = False) -> bool:
     """Whether sessions that load the library run its MatMul (float32 weights, or bfloat16 ones): gqa.c's own
     rule (AVX-512 builds by default, SPECEXPORT_MATMUL=0 off, =1 on anywhere; bfloat16 on anywhere unless off)."""

@@ -334,7 +334,8 @@ static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_
 }
 static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
 
-extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op; /* matmul.c */
+extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op; /* matmul.c */
+int specexport_matmul_dot(void);
 
 /* Whether a session gets matmul.c's MatMul: by default where this build has AVX-512; SPECEXPORT_MATMUL=0 off,
  * =1 on anywhere; bfloat16 weights (bf16 = 1) have no other kernel, so on anywhere unless turned off. The
@@ -373,14 +374,14 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
   TRY(ort->AddCustomOpDomain(options, domain));
   /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them (backend onnxruntime-bf16) */
-  char val[8] = "";
+  char val[16] = "";
   size_t len = sizeof(val);
   OrtStatus *st = ort->GetSessionConfigEntry(options, "specexport.matmul_weights", val, &len);
-  if (st) ort->ReleaseStatus(st), val[0] = 0; /* not set (or too long to be "bf16") */
-  int bf16 = !strcmp(val, "bf16");
-  if (!specexport_matmul_on(bf16)) return NULL;
+  if (st) ort->ReleaseStatus(st), val[0] = 0; /* not set (or too long to be a format) */
+  int bf16 = !strcmp(val, "bf16"), dot = !strcmp(val, "bf16dot") && specexport_matmul_dot();
+  if (!specexport_matmul_on(bf16 || dot)) return NULL;
   OrtCustomOpDomain *onnx;
   TRY(ort->CreateCustomOpDomain("", &onnx));
-  TRY(ort->CustomOpDomain_Add(onnx, bf16 ? &specexport_matmul_bf16_op : &specexport_matmul_op));
+  TRY(ort->CustomOpDomain_Add(onnx, dot ? &specexport_matmul_dot_op : bf16 ? &specexport_matmul_bf16_op : &specexport_matmul_op));
   return ort->AddCustomOpDomain(options, onnx);
 }

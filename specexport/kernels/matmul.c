@@ -91,7 +91,7 @@ static int parts(void) {
  * carried on from y when k0 > 0 (exactly: a float stored and loaded is the same float); `w` is the panel at row
  * k0 (rows of PW floats). `ahead` (a cursor into the part's stream) gets up to `lines` prefetches per row.
  * ROWS: RB for a full block (no per-row tests in the loop), else R at run time. */
-#define BLOCK(NAME, NVEC, ROWS, W, LD)                                                                         \
+#define BLOCK(NAME, NVEC, ROWS, W, LD, MAC)                                                                         \
   static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const void *w_, float *y, int64_t N, int R, \
                    int64_t cols, const char **ahead, const char *limit, int lines) {                             \
     const W *w = w_;                                                                                            \
@@ -107,7 +107,7 @@ static int parts(void) {
       for (int j = 0; j < NVEC; j++) b[j] = LD(w + VL * j);                                                     \
       for (int r = 0; r < ROWS; r++) {                                                                          \
         vec s = bcast(x + r * K + k);                                                                           \
-        for (int j = 0; j < NVEC; j++) a[r][j] = fma_(s, b[j], a[r][j]);                                       \
+        for (int j = 0; j < NVEC; j++) a[r][j] = MAC(s, b[j], a[r][j]);                                        \
       }                                                                                                         \
     }                                                                                                           \
     for (int r = 0; r < ROWS; r++)                                                                              \
@@ -166,10 +166,23 @@ static inline vec bcast(const float *p) {
 #endif
 }
 
-/* each block for float32 panels (f) and bfloat16 panels (h) */
+#if defined(__AVX512BF16__)
+/* c + a0 b0 + a1 b1 per lane, a and b each a pair of bfloat16 per lane (VDPBF16PS: exact products, each sum
+ * rounded to nearest even, denormals read and written as 0) */
+static inline vec dot2(vec a, vec b, vec c) { return (vec)_mm512_dpbf16_ps((__m512)c, (__m512bh)a, (__m512bh)b); }
+#define DOT_BLOCKS(NVEC) BLOCK(full##NVEC##d, NVEC, RB, float, ld, dot2) BLOCK(some##NVEC##d, NVEC, R, float, ld, dot2)
+#define DOT(NAME) NAME
+#else
+#define DOT_BLOCKS(NVEC)
+#define DOT(NAME) NULL
+#endif
+
+/* each block for float32 panels (f), bfloat16 panels (h), and panels of bfloat16 pairs multiplied by pairs of
+ * bfloat16 activations (d, where the CPU has avx512_bf16) */
 #define BLOCKS(NVEC)                                                                                       \
-  BLOCK(full##NVEC##f, NVEC, RB, float, ld) BLOCK(some##NVEC##f, NVEC, R, float, ld)                       \
-  BLOCK(full##NVEC##h, NVEC, RB, uint16_t, ld_bf16) BLOCK(some##NVEC##h, NVEC, R, uint16_t, ld_bf16)
+  BLOCK(full##NVEC##f, NVEC, RB, float, ld, fma_) BLOCK(some##NVEC##f, NVEC, R, float, ld, fma_)           \
+  BLOCK(full##NVEC##h, NVEC, RB, uint16_t, ld_bf16, fma_) BLOCK(some##NVEC##h, NVEC, R, uint16_t, ld_bf16, fma_) \
+  DOT_BLOCKS(NVEC)
 typedef void Block(const float *, int64_t, int64_t, int64_t, const void *, float *, int64_t, int, int64_t,
                    const char **, const char *, int);
 BLOCKS(1)
@@ -177,19 +190,27 @@ BLOCKS(2)
 #if PV == 4
 BLOCKS(3)
 BLOCKS(4)
-static Block *const blocks[2][2][PV + 1] = {{{NULL, some1f, some2f, some3f, some4f}, {NULL, full1f, full2f, full3f, full4f}},
-                                           {{NULL, some1h, some2h, some3h, some4h}, {NULL, full1h, full2h, full3h, full4h}}};
+static Block *const blocks[3][2][PV + 1] = {
+    {{NULL, some1f, some2f, some3f, some4f}, {NULL, full1f, full2f, full3f, full4f}},
+    {{NULL, some1h, some2h, some3h, some4h}, {NULL, full1h, full2h, full3h, full4h}},
+    {{NULL, DOT(some1d), DOT(some2d), DOT(some3d), DOT(some4d)}, {NULL, DOT(full1d), DOT(full2d), DOT(full3d), DOT(full4d)}}};
 #else
-static Block *const blocks[2][2][PV + 1] = {{{NULL, some1f, some2f}, {NULL, full1f, full2f}},
-                                           {{NULL, some1h, some2h}, {NULL, full1h, full2h}}};
+static Block *const blocks[3][2][PV + 1] = {{{NULL, some1f, some2f}, {NULL, full1f, full2f}},
+                                           {{NULL, some1h, some2h}, {NULL, full1h, full2h}},
+                                           {{NULL, NULL, NULL}, {NULL, NULL, NULL}}};
 #endif
+
+/* The weight formats: F32 as given; BF16 rounded to bfloat16, widened in registers (float32 math); DOT rounded
+ * to bfloat16 and stored as pairs of rows (k = 2p, 2p + 1) per column, multiplied with the activations rounded to
+ * bfloat16 pairs (VDPBF16PS): a call then runs as a float32 call over K / 2 "rows" of 32-bit pairs. */
+enum { F32, BF16, DOT };
 
 typedef struct {
   const float *x;
   const void *panels; /* B as ceil(N / PW) panels of K rows x PW columns, zero-padded; float or bfloat16 */
   float *y;
   int64_t M, K, N, nparts;
-  int bf16; /* the panels' elements: 0 float32, 1 bfloat16 */
+  int format; /* the panels' elements: F32, BF16 or DOT (x and K are then the activations' pairs) */
 } Call;
 
 /* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of RB rows
@@ -198,7 +219,7 @@ typedef struct {
  * cache. */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
-  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, es = c->bf16 ? 2 : 4, bytes = K * PW * es;
+  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, es = c->format == BF16 ? 2 : 4, bytes = K * PW * es;
   int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts;
   int64_t passes = (c->M + RB - 1) / RB;
   /* One pass (M <= RB): the cursor starts at the part's first byte and keeps DIST ahead of the row being read,
@@ -220,7 +241,7 @@ static void part(void *arg, size_t p) {
         const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
         limit = passes == 1 ? NULL : limit < end ? limit : end;
         int R = c->M - r < RB ? (int)(c->M - r) : RB;
-        blocks[c->bf16][R == RB][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, R, cols,
+        blocks[c->format][R == RB][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, R, cols,
                                          &ahead, limit, lines);
       }
     }
@@ -228,32 +249,43 @@ static void part(void *arg, size_t p) {
   }
 }
 
-/* B [K, N] as panels (see Call) of float32 or bfloat16 elements, in a fresh 64-byte aligned buffer; NULL when
- * out of memory */
-static void *pack(const float *B, int64_t K, int64_t N, int bf16) {
-  int64_t np = (N + PW - 1) / PW, es = bf16 ? 2 : 4;
-  char *panels = aligned_alloc(64, (size_t)(np * K * PW * es));
+/* B [K, N] as panels (see Call) in `format`, in a fresh 64-byte aligned buffer; NULL when out of memory. DOT:
+ * (K + 1) / 2 panel rows of 32-bit pairs, row k = 2p in the low half, 2p + 1 (0 past K) in the high half. */
+static void *pack(const float *B, int64_t K, int64_t N, int format) {
+  int64_t np = (N + PW - 1) / PW, es = format == BF16 ? 2 : 4, rows = format == DOT ? (K + 1) / 2 : K;
+  char *panels = aligned_alloc(64, (size_t)(np * rows * PW * es));
   if (!panels) return NULL;
   for (int64_t p = 0; p < np; p++)
-    for (int64_t k = 0; k < K; k++) {
-      char *dst = panels + (p * K + k) * PW * es;
+    for (int64_t k = 0; k < rows; k++) {
+      char *dst = panels + (p * rows + k) * PW * es;
       int64_t n0 = p * PW, cols = N - n0 < PW ? N - n0 : PW;
       memset(dst, 0, PW * es);
-      if (bf16)
+      if (format == BF16)
         for (int64_t i = 0; i < cols; i++) ((uint16_t *)dst)[i] = to_bf16(B[k * N + n0 + i]);
+      else if (format == DOT)
+        for (int64_t i = 0; i < cols; i++)
+          ((uint32_t *)dst)[i] = to_bf16(B[2 * k * N + n0 + i]) |
+                                 (uint32_t)(2 * k + 1 < K ? to_bf16(B[(2 * k + 1) * N + n0 + i]) : 0) << 16;
       else
         memcpy(dst, B + k * N + n0, sizeof(float) * cols);
     }
   return panels;
 }
 
-extern OrtCustomOp specexport_matmul_bf16_op;
+/* x [M, K] rounded to bfloat16 pairs [M, (K + 1) / 2] (DOT's activations; low half k = 2p, high 2p + 1) */
+static void pairs(const float *x, int64_t M, int64_t K, uint32_t *out) {
+  int64_t K2 = (K + 1) / 2;
+  for (int64_t m = 0; m < M; m++, x += K, out += K2)
+    for (int64_t p = 0; p < K2; p++) out[p] = to_bf16(x[2 * p]) | (uint32_t)(2 * p + 1 < K ? to_bf16(x[2 * p + 1]) : 0) << 16;
+}
+
+extern OrtCustomOp specexport_matmul_bf16_op, specexport_matmul_dot_op;
 
 typedef struct {
   OrtOp *fallback; /* onnxruntime's MatMul, for the B this kernel does not take */
   void *panels;    /* B packed, when B is a constant [K, N] (a weight); else NULL and the fallback runs */
   int64_t K, N;
-  int bf16;        /* panels of bfloat16 (the session asked for specexport.matmul_weights=bf16) */
+  int format;      /* F32, or what the session's specexport.matmul_weights asked for (bf16: BF16, bf16dot: DOT) */
 } Kernel;
 
 /* onnxruntime's own MatMul (batched or vector B): the output shape as numpy's matmul broadcasts it */
@@ -297,7 +329,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): B is not the constant it was packed from");
   if (ad[ar - 1] != k->K)
     return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMul (specexport): A's last dimension is not B's first");
-  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .bf16 = k->bf16};
+  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .format = k->format};
   int64_t yd[8];
   for (size_t i = 0; i + 1 < ar; i++) c.M *= ad[i], yd[i] = ad[i];
   yd[ar - 1] = c.N;
@@ -306,20 +338,29 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&c.x));
   TRY(ort->GetTensorMutableData(y, (void **)&c.y));
   if (c.M == 0 || c.N == 0) return NULL;
+  uint32_t *xp = NULL;
+  if (c.format == DOT) { /* the activations as bfloat16 pairs: a call over K / 2 rows of pairs */
+    c.K = (k->K + 1) / 2;
+    if (!(xp = malloc(sizeof(uint32_t) * c.M * c.K))) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
+    pairs(c.x, c.M, k->K, xp);
+    c.x = (const float *)xp;
+  }
   int64_t nv = (c.N + VL - 1) / VL;
   c.nparts = parts() < nv ? parts() : nv;
-  if (c.nparts == 1) {
+  OrtStatus *st = NULL;
+  if (c.nparts == 1)
     part(&c, 0);
-    return NULL;
-  }
-  return ort->KernelContext_ParallelFor(ctx, part, (size_t)c.nparts, (size_t)c.nparts, &c);
+  else
+    st = ort->KernelContext_ParallelFor(ctx, part, (size_t)c.nparts, (size_t)c.nparts, &c);
+  free(xp);
+  return st;
 }
 
 static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
   (void)api;
   Kernel *k = calloc(1, sizeof(Kernel));
   if (!k) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
-  k->bf16 = op == &specexport_matmul_bf16_op;
+  k->format = op == &specexport_matmul_bf16_op ? BF16 : op == &specexport_matmul_dot_op ? DOT : F32;
   const char *names[1] = {"T"};
   ONNXTensorElementDataType types[1] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
   OrtStatus *st = ort->CreateOp(info, "MatMul", "", 13, names, types, 1, NULL, 0, 2, 1, &k->fallback);
@@ -339,7 +380,7 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     ort->ReleaseStatus(st), B = NULL;
   if (br == 2 && B) {
     k->K = bd[0], k->N = bd[1];
-    if (!(k->panels = pack(B, k->K, k->N, k->bf16))) {
+    if (!(k->panels = pack(B, k->K, k->N, k->format))) {
       ort->ReleaseOp(k->fallback);
       free(k);
       return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory packing a weight");
@@ -377,5 +418,14 @@ static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
     .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = mem_type, \
     .CreateKernelV2 = create, .KernelComputeV2 = compute, .GetStartVersion = since, .GetEndVersion = until, \
   }
-/* two ops, one per weight format: gqa.c registers the one a session's options ask for; create() tells which */
-OrtCustomOp specexport_matmul_op = MATMUL_OP, specexport_matmul_bf16_op = MATMUL_OP;
+/* one op per weight format: gqa.c registers the one a session's options ask for; create() tells which */
+OrtCustomOp specexport_matmul_op = MATMUL_OP, specexport_matmul_bf16_op = MATMUL_OP, specexport_matmul_dot_op = MATMUL_OP;
+
+/* whether this build has the DOT format (avx512_bf16) */
+int specexport_matmul_dot(void) {
+#if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
