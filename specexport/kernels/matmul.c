@@ -272,11 +272,20 @@ static void *pack(const float *B, int64_t K, int64_t N, int format) {
   return panels;
 }
 
-/* x [M, K] rounded to bfloat16 pairs [M, (K + 1) / 2] (DOT's activations; low half k = 2p, high 2p + 1) */
+/* x [M, K] rounded to bfloat16 pairs [M, (K + 1) / 2] (DOT's activations; low half k = 2p, high 2p + 1): in
+ * memory, each row's values in order as bfloat16 (VCVTNEPS2BF16, 16 at a time: to nearest even, denormals to
+ * 0, which VDPBF16PS reads as 0 anyway), a 0 after an odd K. The same k always takes the same path, whatever M. */
 static void pairs(const float *x, int64_t M, int64_t K, uint32_t *out) {
   int64_t K2 = (K + 1) / 2;
-  for (int64_t m = 0; m < M; m++, x += K, out += K2)
-    for (int64_t p = 0; p < K2; p++) out[p] = to_bf16(x[2 * p]) | (uint32_t)(2 * p + 1 < K ? to_bf16(x[2 * p + 1]) : 0) << 16;
+  for (int64_t m = 0; m < M; m++, x += K, out += K2) {
+    uint16_t *h = (uint16_t *)out;
+    int64_t k = 0;
+#if defined(__AVX512BF16__)
+    for (; k + 16 <= K; k += 16) _mm256_storeu_si256((void *)(h + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
+#endif
+    for (; k < K; k++) h[k] = to_bf16(x[k]);
+    if (K & 1) h[K] = 0;
+  }
 }
 
 extern OrtCustomOp specexport_matmul_bf16_op, specexport_matmul_dot_op;
