@@ -1,6 +1,6 @@
 """onnxruntime profile of one prefill call of T tokens at n cached: ms per op type, on the attention kernel the
 runtime picks (specexport's where it builds; SPECEXPORT_KERNELS=0 for onnxruntime's).
-  python experiments/chunk_profile.py BUNDLE T n"""
+  python experiments/chunk_profile.py BUNDLE T n [float32|bf16|bf16dot]   (the MatMul kernel's weight format)"""
 import collections, json, os, re, statistics, sys, tempfile
 from pathlib import Path
 import numpy as np, onnxruntime as ort
@@ -9,7 +9,7 @@ import specexport
 bundle, T, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 t = specexport.load(bundle, threads=2).target
 from specexport.backends.ort import session_options
-so = session_options(None, t.kernel); so.enable_profiling = True
+so = session_options(None, t.kernel, sys.argv[4] if len(sys.argv) > 4 else "float32"); so.enable_profiling = True
 so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "chunk_profile")
 t.session = ort.InferenceSession(str(Path(bundle) / t.entry.graph), so, providers=["CPUExecutionProvider"])
 rng = np.random.default_rng(0)
