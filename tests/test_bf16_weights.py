@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 import specexport
 from specexport import kernels
 from specexport.errors import OptionError
-from test_matmul_kernel import fma_chain
+from test_matmul_kernel import fma_chain, session
 from test_lossless import PROMPTS
 
 
@@ -25,21 +25,6 @@ def bf16(W: np.ndarray) -> np.ndarray:
 def need_kernels():
     if kernels.compiler() is None:
         pytest.skip("no C compiler here (.ci/run installs gcc): bfloat16 weights live in specexport's kernels")
-
-
-def bf16_session(tmp_path, W, a_shape, weights="bf16"):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-    import onnx
-    from specexport.backends.ort import session_options
-
-    g = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["Y"])], "mm",
-                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, a_shape)],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [numpy_helper.from_array(W, "B")])
-    path = tmp_path / f"bf{len(list(tmp_path.iterdir()))}.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
-    return ort.InferenceSession(str(path), session_options(None, kernels.library(64), weights),
-                                providers=["CPUExecutionProvider"])
 
 
 def test_rounding_is_torchs():
@@ -56,7 +41,7 @@ def test_bf16_matmul_is_the_chain_over_rounded_weights(tmp_path, K, N):
     and not the float32 result (the weights really are rounded)."""
     rng = np.random.default_rng(K + N)
     W = rng.standard_normal((K, N), dtype=np.float32)
-    s = bf16_session(tmp_path, W, [1, "M", K])
+    s = session(tmp_path, W, [1, "M", K], weights="bf16")
     for M in (1, 6, 7, 40):
         x = rng.standard_normal((1, M, K), dtype=np.float32)
         y = s.run(None, {"A": x})[0]
@@ -76,7 +61,7 @@ def test_bf16_dot_rows_do_not_depend_on_their_call(tmp_path, K, N):
         pytest.skip("this CPU has no avx512_bf16 (VDPBF16PS): the bf16dot format is not built")
     rng = np.random.default_rng(K * N)
     W = rng.standard_normal((K, N), dtype=np.float32)
-    s = bf16_session(tmp_path, W, [1, "M", K], "bf16dot")
+    s = session(tmp_path, W, [1, "M", K], weights="bf16dot")
     x = rng.standard_normal((1, 40, K), dtype=np.float32)
     y = s.run(None, {"A": x})[0][0]
     exact = bf16(x[0]).astype(np.float64) @ bf16(W).astype(np.float64)

@@ -20,8 +20,9 @@ def matmul_on(monkeypatch):
         pytest.skip("no C compiler here (.ci/run installs gcc): specexport's kernels cannot be built")
 
 
-def session(tmp_path, W: np.ndarray | None, a_shape, b_shape=None, lib=True):
-    """Y = MatMul(A, W) with W an initializer (W None: B is a second graph input of b_shape)."""
+def session(tmp_path, W: np.ndarray | None, a_shape, b_shape=None, lib=True, weights="float32"):
+    """Y = MatMul(A, W) with W an initializer (W None: B is a second graph input of b_shape); `weights`: the
+    kernel's weight format (session_options)."""
     inputs = [helper.make_tensor_value_info("A", TensorProto.FLOAT, a_shape)]
     inits = []
     if W is None:
@@ -32,7 +33,7 @@ def session(tmp_path, W: np.ndarray | None, a_shape, b_shape=None, lib=True):
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
     path = tmp_path / f"mm{len(list(tmp_path.iterdir()))}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
-    return ort.InferenceSession(str(path), session_options(None, kernels.library(64) if lib else None),
+    return ort.InferenceSession(str(path), session_options(None, kernels.library(64) if lib else None, weights),
                                 providers=["CPUExecutionProvider"])
 
 

@@ -41,7 +41,7 @@ class OrtBackend(BackendBase):
             raise OptionError(f"backend onnxruntime-{weights} holds the target's weights in specexport's MatMul "
                               f"kernel, but {why}; use backend onnxruntime (float32)")
         self.weights = "float32" if why else weights  # a draft that cannot only proposes in float32: still lossless
-        self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel, weights),
+        self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel, self.weights),
                                             providers=providers or ["CPUExecutionProvider"])
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",
