@@ -3,7 +3,7 @@ interleaved: bursts of Spec-Bench prompts through one batching engine per level,
 k="auto" and recycle with a fixed k alternated burst by burst (the order rotated each round).
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
-        [--rounds 4] [--k 4]
+        [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot]
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
@@ -35,8 +35,9 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--backend", default="onnxruntime")
     a = p.parse_args()
-    pipe = specexport.load(a.bundle, threads=2)
+    pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     methods = {"plain": {"draft": "none"}, "adaptive": {"draft": "recycle", "k": "auto"},
@@ -54,7 +55,7 @@ def main() -> None:
         same = all(o == outs["plain"] for o in outs.values())
         line = ", ".join(f"{m} {med[m]:.1f} ({med[m] / max(v for k, v in med.items() if k != m):.2f}x the better "
                          f"other; rounds {[round(x, 1) for x in tps[m]]})" for m in methods)
-        print(f"{a.bundle} c={level}: {line}; same tokens: {same}", flush=True)
+        print(f"{a.bundle} {a.backend} c={level}: {line}; same tokens: {same}", flush=True)
 
 
 if __name__ == "__main__":
