@@ -1,5 +1,9 @@
-"""One timed call of a fused target graph, as the kernel probes (gqa_kernel_ab.py, matmul_ab.py) make it."""
+"""One timed call of a fused target graph, as the kernel probes (gqa_kernel_ab.py, matmul_ab.py) make it; and
+another git revision's kernel library (rev_library) to compare against."""
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -30,3 +34,21 @@ def fused_call(sess, cache, n, T, V, rows=None):
     t = time.perf_counter()
     sess.run_with_iobinding(io)
     return time.perf_counter() - t, logits
+
+
+def rev_library(rev: str) -> str:
+    """The kernel library of git revision `rev` (its sources compiled as kernels.build does) -> its path."""
+    from specexport import kernels
+
+    tmp = Path(tempfile.mkdtemp())
+    repo = kernels.HERE.parents[1]
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "specexport/kernels/"], capture_output=True,
+                           text=True, check=True, cwd=repo).stdout.split()
+    for path in names:  # REV's own sources (its .c and .h files), whatever this checkout's are
+        if path.endswith((".c", ".h")):
+            src = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, check=True, cwd=repo)
+            (tmp / Path(path).name).write_bytes(src.stdout)
+    out = str(tmp / "lib.so")
+    subprocess.run([kernels.compiler(), *kernels.FLAGS, "-I", str(kernels.HERE / "include"), "-o", out,
+                    *sorted(str(f) for f in tmp.glob("*.c")), "-lm"], check=True)
+    return out

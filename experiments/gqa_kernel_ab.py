@@ -8,12 +8,12 @@ onnxruntime's MatMul (SPECEXPORT_MATMUL=0 unless set; experiments/matmul_ab.py c
 Calls: decode (1, 1) at 300 cached tokens, (8, 1) at 300-349, (16, 1) at 300-375, a 9-token verify (1, 9), a
 64-token prefill chunk at n = 0, a 256-token chunk at n = 1,024; and what only the kernel takes: (8, 5), 8 rows
 verifying 5 tokens each at 300-349, against onnxruntime's way, 8 calls (1, 5)."""
-import collections, json, statistics, subprocess, sys, tempfile
+import collections, json, statistics, sys
 from pathlib import Path
 import os
 import numpy as np, onnxruntime as ort
 from specexport import kernels
-from fused_calls import fused_call  # experiments/
+from fused_calls import fused_call, rev_library  # experiments/
 from specexport.backends.ort import session_options
 
 os.environ.setdefault("SPECEXPORT_MATMUL", "0")  # read when a session registers the library
@@ -29,14 +29,7 @@ lib = kernels.library(D)
 assert lib, "the kernel library did not build"
 other, them = None, rev or "onnxruntime"
 if rev:  # REV's kernel sources, compiled as kernels.build does
-    tmp = Path(tempfile.mkdtemp())
-    for name in kernels.SOURCES:  # a revision before matmul.c has only the attention kernel
-        src = subprocess.run(["git", "show", f"{rev}:specexport/kernels/{name}"], capture_output=True)
-        if src.returncode == 0:
-            (tmp / name).write_bytes(src.stdout)
-    other = str(tmp / "lib.so")
-    subprocess.run([kernels.compiler(), *kernels.FLAGS, "-I", str(kernels.HERE / "include"), "-o", other,
-                    *sorted(str(f) for f in tmp.glob("*.c")), "-lm"], check=True)
+    other = rev_library(rev)
 sessions = {w: ort.InferenceSession(str(root / "target.onnx"), session_options(2, k), providers=["CPUExecutionProvider"])
             for w, k in (("ours", lib), ("ort", other))}
 base = np.random.default_rng(0).standard_normal((L, 2, 16, Hkv, S, D), dtype=np.float32) * 0.5

@@ -168,16 +168,22 @@ static inline void pairs_of(const float *x, int64_t n, int64_t words, uint32_t *
     _mm256_storeu_si256((void *)((uint16_t *)out + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
   for (int64_t w = n / 2; w < words; w++) out[w] = 0;
 }
-/* out[d] = (a[d], b[d]) rounded, a in the low half, for d < 16; b NULL: zeros; out may be a or b */
-static inline void interleave(const float *a, const float *b, uint32_t *out) {
+/* lane d = (a[d], b[d]) rounded, a in the low half, for d < 16; b NULL: zeros */
+static inline v16 pair16(const float *a, const float *b) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
                                        20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512 va = _mm512_loadu_ps(a), vb = b ? _mm512_loadu_ps(b) : _mm512_setzero_ps();
-  _mm512_storeu_si512((void *)out, _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va)));
+  return (v16)_mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
 }
+/* the same, stored at out (which may be a or b) */
+static inline void interleave(const float *a, const float *b, uint32_t *out) { store((float *)out, pair16(a, b)); }
 /* two keys' V rows as D pairs (key a low, key b high; b NULL past the last key) */
 static inline void keypairs(const float *a, const float *b, int64_t D, uint32_t *out) {
   for (int64_t d = 0; d < D; d += 16) interleave(a + d, b ? b + d : NULL, out + d);
+}
+/* 16 pairs of consecutive elements x[0..31] rounded (x[16..31] zeros when !full): pairs_of's words, in a vector */
+static inline v16 dims16(const float *x, int full) {
+  return (v16)_mm512_cvtne2ps_pbh(full ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps(), _mm512_loadu_ps(x));
 }
 #define DV 1
 #include "gqa_dot.h"

@@ -13,12 +13,14 @@
 #define DV2 ((DV + 1) / 2) /* vectors of 16 pairs per head row (an odd DV's last one half zeros) */
 
 /* PB queries' outputs from their weights as pairs of keys (query r's pair jp at w[r * si + jp * sj]) and the
- * keys' V pairs vb [jp][D]: per head dim (the lanes), the pairs' products summed in key order, divided by z[r]
- * (the weights' float32 sum). Both paths run it: a pair of weights is broadcast once for DV vectors of dims. */
+ * keys' V pairs vb [jp][D] (vb NULL: made from V's rows as they are read, keys of them; the same pairs): per
+ * head dim (the lanes), the pairs' products summed in key order, divided by z[r] (the weights' float32 sum).
+ * Both paths run it: a pair of weights is broadcast once for DV vectors of dims. */
 #define PB (DV > 4 ? 2 : 4)
 static inline __attribute__((always_inline)) void DPV_NAME(DV)(const uint32_t *w, int64_t si, int64_t sj, int64_t cnt,
                                                                 const int64_t *len, const float *z, const uint32_t *vb,
-                                                                float *out, const int64_t *orow) {
+                                                                const float *V, int64_t keys, float *out,
+                                                                const int64_t *orow) {
   const int64_t D = 16 * DV;
   v16 a[PB][DV];
   for (int r = 0; r < PB; r++)
@@ -28,8 +30,9 @@ static inline __attribute__((always_inline)) void DPV_NAME(DV)(const uint32_t *w
   for (int64_t jp = 0; jp < (n + 1) / 2; jp++) {
     v16 wr[PB];
     for (int r = 0; r < PB; r++) wr[r] = bcast32(w + r * si + jp * sj);
+    const float *v0 = V + 2 * jp * D, *v1 = 2 * jp + 1 < keys ? v0 + D : NULL;
     for (int64_t c = 0; c < DV; c++) {
-      v16 v = load((const float *)(vb + jp * D + 16 * c));
+      v16 v = vb ? load((const float *)(vb + jp * D + 16 * c)) : pair16(v0 + 16 * c, v1 ? v1 + 16 * c : NULL);
       for (int r = 0; r < PB; r++) a[r][c] = dp(a[r][c], wr[r], v);
     }
   }
@@ -72,16 +75,14 @@ static void DOT_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, co
                          const int64_t *orow, uint32_t *kv) {
   const int64_t D = 16 * DV, P = 16 * DV2, nq4 = (nq + QB - 1) / QB * QB;
   uint32_t *kb = kv, *vb = kv + keys * P, *qt = (uint32_t *)qt_;
-  for (int64_t j = 0; j < keys; j++) pairs_of(K + j * D, D, P, kb + j * P);
-  for (int64_t j = 0; j < keys; j += 2) keypairs(V + j * D, j + 1 < keys ? V + (j + 1) * D : NULL, D, vb + j / 2 * D);
   /* q as pairs, in place: row i's P (<= D) words over its D floats (each 16 read before 8 words are written) */
   uint32_t *qb = (uint32_t *)q;
   for (int64_t i = 0; i < nq4; i++) pairs_of(q + i * D, D, P, (uint32_t *)(q + i * D));
-  if (nq < 3 * QB) { /* few queries: a dot product per (query, key), the key's pairs read once */
+  if (nq < 3 * QB) { /* few queries: a dot product per (query, key); K's and V's pairs made as they are read */
     float z[nq4];
     for (int64_t j = 0; j < keys; j++) {
       v16 kj[DV2];
-      for (int64_t c = 0; c < DV2; c++) kj[c] = load((const float *)(kb + j * P + 16 * c));
+      for (int64_t c = 0; c < DV2; c++) kj[c] = dims16(K + j * D + 32 * c, 32 * c + 16 < D);
       for (int64_t i = 0; i < nq; i++) {
         v16 a = {0};
         for (int64_t c = 0; c < DV2; c++) a = dp(a, load((const float *)(qb + i * D + 16 * c)), kj[c]);
@@ -109,9 +110,13 @@ static void DOT_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, co
       pairs_of(s, kpad, kpad / 2, (uint32_t *)s); /* the weights as pairs of keys, in place */
     }
     for (int64_t i = 0; i < nq; i += PB)
-      DPV_NAME(DV)((const uint32_t *)(sc + i * kpad), kpad, 1, nq - i < PB ? nq - i : PB, len + i, z + i, vb, out, orow + i);
+      DPV_NAME(DV)((const uint32_t *)(sc + i * kpad), kpad, 1, nq - i < PB ? nq - i : PB, len + i, z + i, NULL, V,
+                   keys, out, orow + i);
     return;
   }
+  /* many queries: K's and V's pairs made once for the task's groups of 16 */
+  for (int64_t j = 0; j < keys; j++) pairs_of(K + j * D, D, P, kb + j * P);
+  for (int64_t j = 0; j < keys; j += 2) keypairs(V + j * D, j + 1 < keys ? V + (j + 1) * D : NULL, D, vb + j / 2 * D);
   const v16 ninf = (v16){0} - INFINITY;
   for (int64_t g0 = 0; g0 < nq; g0 += 16) {
     int64_t cnt = nq - g0 < 16 ? nq - g0 : 16, n = 0, n0 = len[g0];
@@ -157,7 +162,8 @@ static void DOT_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, co
     float zs[16];
     store(zs, z);
     for (int64_t r = 0; r < cnt; r += PB) /* lane r's pair jp at [jp][r] */
-      DPV_NAME(DV)((const uint32_t *)s + r, 1, 16, cnt - r < PB ? cnt - r : PB, len + g0 + r, zs + r, vb, out, orow + g0 + r);
+      DPV_NAME(DV)((const uint32_t *)s + r, 1, 16, cnt - r < PB ? cnt - r : PB, len + g0 + r, zs + r, vb, V, keys, out,
+                   orow + g0 + r);
   }
 }
 #undef PB
