@@ -35,8 +35,7 @@ class OrtBackend(BackendBase):
         cpu = providers in (None, ["CPUExecutionProvider"])
         self.kernel = kernels.library(entry.arch["head_dim"]) if self.fused and cpu else None
         # weights "bf16" (backend onnxruntime-bf16): the MatMul kernel holds the weights in bfloat16, float32 math;
-        # "bf16dot" (onnxruntime-bf16dot): the activations rounded to bfloat16 too, products summed in pairs,
-        # and so are attention's (q.K and the softmax's weights.V; kernels/gqa_dot.h)
+        # "bf16dot" (onnxruntime-bf16dot): the activations rounded to bfloat16 too, products summed in pairs
         why = self._no_bf16(entry, cpu, weights) if weights != "float32" else None
         if why and entry.role == "target":
             raise OptionError(f"backend onnxruntime-{weights} holds the target's weights in specexport's MatMul "
@@ -46,8 +45,7 @@ class OrtBackend(BackendBase):
                                             providers=providers or ["CPUExecutionProvider"])
         self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",
-                         "bf16dot": "bfloat16 activations and weights at the weight MatMuls, bfloat16 attention "
-                                    "products"}.get(
+                         "bf16dot": "bfloat16 activations and weights at the weight MatMuls"}.get(
             self.weights, f"{entry.activations or 'float32'} activations")
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")

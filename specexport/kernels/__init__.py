@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = ("gqa.c", "gqa_rows.h", "gqa_dot.h", "matmul.c", "ops.h")
+SOURCES = ("gqa.c", "gqa_rows.h", "matmul.c", "ops.h")
 HEAD_DIMS = tuple(range(16, 129, 16))  # gqa.c's register-blocked paths
 FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-Wall"]
 log = logging.getLogger("specexport")

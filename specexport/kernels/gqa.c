@@ -16,11 +16,7 @@
  * softmax with a vectorised exp, and the outputs as register-blocked sums of V rows. Each row's cache is
  * streamed once per block (per 16 queries on the second path), at any T and any B. Semantics as onnxruntime's: seqlens_k[b] + 1 is row b's total length; when
  * total_sequence_length equals T ("first prompt") rows have no past and shorter rows are right-padded.
- * Head sizes: multiples of 16 up to 128 (others are refused at the first call).
- *
- * Sessions of the bf16dot format (specexport.matmul_weights=bf16dot, where the CPU has avx512_bf16) get the
- * same op with its products in bfloat16 (gqa_dot.h): q and the cache's K rounded to pairs of head dims, the
- * softmax's weights and V to pairs of keys, multiplied and summed by VDPBF16PS; the softmax stays float32. */
+ * Head sizes: multiples of 16 up to 128 (others are refused at the first call). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,7 +29,6 @@ const OrtApi *specexport_ort; /* ops.h: matmul.c uses it too */
 typedef struct {
   int64_t heads, kv_heads, rotary;
   float scale;
-  int dot; /* bf16dot sessions: products in bfloat16 pairs (gqa_dot.h) where the head size allows */
 } Kernel;
 
 typedef struct {
@@ -149,61 +144,6 @@ static inline float hsum(v16 a) {
 
 static __typeof__(rows1) *const rows[9] = {NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8}; /* by D / 16 */
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-/* bfloat16 attention (sessions of the bf16dot format): see gqa_dot.h */
-static inline v16 dp(v16 acc, v16 a, v16 b) { return (v16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b); }
-static inline v16 bcast32(const uint32_t *p) { return (v16)_mm512_set1_epi32((int)*p); }
-/* dp(acc, a, the pair at p in every lane), the pair read as the instruction's broadcast operand (a separate
- * broadcast per product is what the compiler writes otherwise) */
-static inline v16 dpb(v16 acc, v16 a, const uint32_t *p) {
-  __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*p));
-  return acc;
-}
-/* x [n] (n a multiple of 16) rounded to bfloat16 (to nearest even, as VCVTNEPS2BF16), in order, as `words`
- * (>= n / 2) 32-bit words: pairs of consecutive elements (the first in the low half), then zero words; out may
- * be x itself (each 16 floats are read before their 8 words are written) */
-static inline void pairs_of(const float *x, int64_t n, int64_t words, uint32_t *out) {
-  for (int64_t j = 0; j < n; j += 16)
-    _mm256_storeu_si256((void *)((uint16_t *)out + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
-  for (int64_t w = n / 2; w < words; w++) out[w] = 0;
-}
-/* lane d = (a[d], b[d]) rounded, a in the low half, for d < 16; b NULL: zeros */
-static inline v16 pair16(const float *a, const float *b) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                       20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  __m512 va = _mm512_loadu_ps(a), vb = b ? _mm512_loadu_ps(b) : _mm512_setzero_ps();
-  return (v16)_mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
-}
-/* the same, stored at out (which may be a or b) */
-static inline void interleave(const float *a, const float *b, uint32_t *out) { store((float *)out, pair16(a, b)); }
-/* two keys' V rows as D pairs (key a low, key b high; b NULL past the last key) */
-static inline void keypairs(const float *a, const float *b, int64_t D, uint32_t *out) {
-  for (int64_t d = 0; d < D; d += 16) interleave(a + d, b ? b + d : NULL, out + d);
-}
-/* 16 pairs of consecutive elements x[0..31] rounded (x[16..31] zeros when !full): pairs_of's words, in a vector */
-static inline v16 dims16(const float *x, int full) {
-  return (v16)_mm512_cvtne2ps_pbh(full ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps(), _mm512_loadu_ps(x));
-}
-#define DV 1
-#include "gqa_dot.h"
-#define DV 2
-#include "gqa_dot.h"
-#define DV 3
-#include "gqa_dot.h"
-#define DV 4
-#include "gqa_dot.h"
-#define DV 5
-#include "gqa_dot.h"
-#define DV 6
-#include "gqa_dot.h"
-#define DV 7
-#include "gqa_dot.h"
-#define DV 8
-#include "gqa_dot.h"
-static __typeof__(dot1) *const dots[9] = {NULL, dot1, dot2, dot3, dot4, dot5, dot6, dot7, dot8}; /* by D / 16 */
-#endif
-
 /* A task's scratch: one buffer per thread, kept and grown to the largest task it has run (a fresh block per
  * task was a fresh mapping of a few hundred kB, page faults and all, every task of every layer) */
 static void *scratch(size_t bytes) {
@@ -229,14 +169,7 @@ static void attend(void *arg, size_t task) {
   int64_t keys = c->prompt ? (t1 < total ? t1 : total) : past + t1; /* keys any query sees */
   int64_t kpad = (keys + 15) & ~15;
   const float *K = c->pk + (b * k->kv_heads + h) * c->S * D, *V = c->pv + (b * k->kv_heads + h) * c->S * D;
-#if defined(__AVX512BF16__)
-  int dot = k->dot;
-#else
-  int dot = 0;
-#endif
-  /* sizes: multiples of 64 B; bfloat16 adds the task's K rows as pairs of dims, V's as pairs of keys */
-  int64_t P = (D + 31) / 32 * 16;
-  float *q = scratch(sizeof(float) * (nq4 * D + nq16 * kpad + 16 * D + (dot ? keys * P + (keys + 1) / 2 * D : 0)));
+  float *q = scratch(sizeof(float) * (nq4 * D + nq16 * kpad + 16 * D)); /* sizes: multiples of 64 B */
   if (!q) {
     ((Call *)c)->oom = 1;
     return;
@@ -258,12 +191,6 @@ static void attend(void *arg, size_t task) {
       bias[i] = c->bias && !c->zero_bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
     }
   }
-#if defined(__AVX512BF16__)
-  if (dot) {
-    dots[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, qt, c->out, orow, (uint32_t *)(qt + 16 * D));
-    return;
-  }
-#endif
   rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, qt, c->out, orow);
 }
 
@@ -369,13 +296,10 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   return c.oom ? ort->CreateStatus(ORT_FAIL, "GroupQueryAttention (specexport): out of memory for scratch") : NULL;
 }
 
-static OrtCustomOp gqa_dot_op;
-
 static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+  (void)op;
   (void)api;
   Kernel *k = calloc(1, sizeof(Kernel));
-  if (!k) return ort->CreateStatus(ORT_FAIL, "GroupQueryAttention (specexport): out of memory");
-  k->dot = op == &gqa_dot_op;
   OrtStatus *st = ort->KernelInfoGetAttribute_int64(info, "num_heads", &k->heads);
   if (!st) st = ort->KernelInfoGetAttribute_int64(info, "kv_num_heads", &k->kv_heads);
   if (st || k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads) {
@@ -426,33 +350,36 @@ int specexport_matmul_on(int bf16) {
 #endif
 }
 
-#define GQA_OP                                                                                              \
-  {                                                                                                        \
-    .version = API_VERSION, .GetName = name, .GetExecutionProviderType = provider, .GetInputType = in_type, \
-    .GetInputTypeCount = in_count, .GetOutputType = out_type, .GetOutputTypeCount = out_count,            \
-    .KernelDestroy = destroy, .GetInputCharacteristic = in_kind, .GetOutputCharacteristic = out_kind,      \
-    .GetInputMemoryType = mem_type, .CreateKernelV2 = create, .KernelComputeV2 = compute,                  \
-  }
-/* float32 attention, and bfloat16 products for sessions of the bf16dot format (create() tells which) */
-static OrtCustomOp gqa_op = GQA_OP, gqa_dot_op = GQA_OP;
+static OrtCustomOp gqa_op = {
+    .version = API_VERSION,
+    .GetName = name,
+    .GetExecutionProviderType = provider,
+    .GetInputType = in_type,
+    .GetInputTypeCount = in_count,
+    .GetOutputType = out_type,
+    .GetOutputTypeCount = out_count,
+    .KernelDestroy = destroy,
+    .GetInputCharacteristic = in_kind,
+    .GetOutputCharacteristic = out_kind,
+    .GetInputMemoryType = mem_type,
+    .CreateKernelV2 = create,
+    .KernelComputeV2 = compute,
+};
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
   ort = base->GetApi(API_VERSION);
   if (!ort) return NULL; /* the runtime is older than API 17: nothing registered, its own kernel runs */
-  /* the weight format the session's options ask for (backends onnxruntime-bf16 and onnxruntime-bf16dot) */
+  OrtCustomOpDomain *domain;
+  TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
+  TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
+  TRY(ort->AddCustomOpDomain(options, domain));
+  /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them (backend onnxruntime-bf16) */
   char val[16] = "";
   size_t len = sizeof(val);
   OrtStatus *st = ort->GetSessionConfigEntry(options, "specexport.matmul_weights", val, &len);
   if (st) ort->ReleaseStatus(st), val[0] = 0; /* not set (or too long to be a format) */
   int bf16 = !strcmp(val, "bf16"), dot = !strcmp(val, "bf16dot") && specexport_matmul_dot();
-  int mm = specexport_matmul_on(bf16 || dot);
-  OrtCustomOpDomain *domain;
-  TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
-  /* bf16dot: the attention's products in bfloat16 too, when its MatMul runs here (the format is the two) */
-  TRY(ort->CustomOpDomain_Add(domain, dot && mm ? &gqa_dot_op : &gqa_op));
-  TRY(ort->AddCustomOpDomain(options, domain));
-  if (!mm) return NULL;
-  /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them */
+  if (!specexport_matmul_on(bf16 || dot)) return NULL;
   OrtCustomOpDomain *onnx;
   TRY(ort->CreateCustomOpDomain("", &onnx));
   TRY(ort->CustomOpDomain_Add(onnx, dot ? &specexport_matmul_dot_op : bf16 ? &specexport_matmul_bf16_op : &specexport_matmul_op));
