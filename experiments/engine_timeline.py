@@ -2,7 +2,8 @@
 (batched decode by B, batched first prefill chunks, single-row chunks, mixed calls), against the wall, and the
 number of decoding rows per decode call. Greedy, the bench's --limit round-robin of Spec-Bench prompts.
 
-  python experiments/engine_timeline.py BUNDLE [--level 8] [--new 128] [--draft none]
+  python experiments/engine_timeline.py BUNDLE [--level 8] [--new 128] [--draft none] [--k 4]
+      [--backend onnxruntime]
 """
 import argparse
 import collections
@@ -19,8 +20,10 @@ ap.add_argument("--level", type=int, default=8)
 ap.add_argument("--limit", type=int, default=16)
 ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--draft", default="none")
+ap.add_argument("--k", default=None, help="draft length: a number or auto (default: the runtime's)")
+ap.add_argument("--backend", default="onnxruntime")
 a = ap.parse_args()
-pipe = specexport.load(a.bundle, threads=2)
+pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
 prompts = [pipe.encode(q["turns"][0], chat=True) for q in questions(a.questions, 4, a.limit)]
 print("prompt tokens", sorted(map(len, prompts)), "in all", sum(map(len, prompts)))
 t, calls, rows = pipe.target, collections.defaultdict(lambda: [0, 0.0]), collections.Counter()
@@ -53,7 +56,8 @@ Engine._decode = counted
 pipe.start_engine(max_batch=a.level, max_queue=len(prompts))
 calls.clear(), rows.clear()
 t0 = time.perf_counter()
-gens = [c.wait() for c in [pipe.submit(p, max_new_tokens=a.new, draft=a.draft) for p in prompts]]
+k = {} if a.k is None else {"k": a.k if a.k == "auto" else int(a.k)}
+gens = [c.wait() for c in [pipe.submit(p, max_new_tokens=a.new, draft=a.draft, **k) for p in prompts]]
 wall = time.perf_counter() - t0
 tokens = sum(len(g.token_ids) for g in gens)
 print(f"level {a.level}, draft {a.draft}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
