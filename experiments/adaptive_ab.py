@@ -4,8 +4,10 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
+        [--max-t T]
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
+--max-t T: a fourth method, the adaptive choice among the profiles of at most T tokens.
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
@@ -21,7 +23,7 @@ import specexport
 from specexport.bench.config import find_questions
 from specexport.runtime.engine import Engine
 
-HOLD = {"from": None}  # --plain-from: calls of this many rows or more take T = 1
+HOLD = {"from": None, "max_t": None}  # --plain-from: calls of this many rows or more take T = 1; --max-t
 _choose_T = Engine._choose_T
 
 
@@ -50,14 +52,19 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--backend", default="onnxruntime")
     p.add_argument("--plain-from", type=int, default=None)
+    p.add_argument("--max-t", type=int, default=None)
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
+    batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
+    pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if HOLD["max_t"] is None or t <= HOLD["max_t"]] or [1]
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     methods = {"plain": {"draft": "none"}, "adaptive": {"draft": "recycle", "k": "auto"},
                f"recycle-k{a.k}": {"draft": "recycle", "k": a.k}}
     if a.plain_from:
         methods[f"adaptive-plain{a.plain_from}"] = {"draft": "recycle", "k": "auto"}
+    if a.max_t:
+        methods[f"adaptive-t{a.max_t}"] = {"draft": "recycle", "k": "auto"}
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         tps, outs = {m: [] for m in methods}, {}
@@ -65,6 +72,7 @@ def main() -> None:
             order = list(methods)[r % len(methods):] + list(methods)[:r % len(methods)]
             for m in order:
                 HOLD["from"] = a.plain_from if m.startswith("adaptive-plain") else None
+                HOLD["max_t"] = a.max_t if m.startswith("adaptive-t") else None
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
                 tps[m].append(rate)
                 outs.setdefault(m, toks)
