@@ -10,7 +10,6 @@ import numpy as np
 import onnxruntime as ort
 
 import specexport
-from specexport import kernels
 from specexport.backends import ORT_WEIGHTS
 from specexport.backends.ort import session_options
 from specexport.runtime import prefill
@@ -24,14 +23,11 @@ p.add_argument("--lengths", default="200,800,1500")
 p.add_argument("--rounds", type=int, default=5)
 a = p.parse_args()
 backend = next(b for b, w in ORT_WEIGHTS.items() if w == a.weights)
-libs = {"here": kernels.library(specexport.load(a.bundle, threads=2, backend=backend).target.entry.arch["head_dim"]),
-        a.rev: rev_library(a.rev)}
-models = {}
-for who, lib in libs.items():
-    m = specexport.load(a.bundle, threads=2, backend=backend).target
-    m.session = ort.InferenceSession(str(m.root / m.entry.graph), session_options(2, lib, a.weights),
-                                     providers=["CPUExecutionProvider"])
-    models[who] = m
+# this checkout's kernels: the backend's own session; REV's: the same graph reopened with REV's library
+models = {who: specexport.load(a.bundle, threads=2, backend=backend).target for who in ("here", a.rev)}
+old = models[a.rev]
+old.session = ort.InferenceSession(str(old.root / old.entry.graph), session_options(2, rev_library(a.rev), a.weights),
+                                   providers=["CPUExecutionProvider"])
 V = models["here"].entry.arch["vocab_size"]
 lengths = [int(x) for x in a.lengths.split(",")]
 T, first = {}, {}
