@@ -1,16 +1,18 @@
-"""Which rule for choosing T serves one request best, judged on one trace instead of noisy reruns.
+"""Which rule for choosing T serves the batching engine best, judged on one trace instead of noisy reruns.
 
-One request at a time through the batching engine (level 1), recycle drafting with a fixed k = 8 so that every
-step verifies the first 9 nodes of its tree: with greedy acceptance the tokens any smaller profile T' would
-have emitted are then known exactly (the accepted path's nodes below index T'; node indices grow along a
-path). Steps that verified fewer than 9 tokens (a smaller tree: its root never fed before, the end of an
-answer) are not in the trace. Every step's cumulative node scores and these counterfactual tokens are
-recorded, the (1, T) calls of each profile are timed in the same process, and every rule is replayed on the
-trace: tokens it would emit / seconds its calls would take. Beside it, real runs of plain decoding, fixed
-k = 2, 4, 8 and the adaptive choice (k = "auto") on the same prompts, alternated round by round (there the
-successor table learns from what each method verifies, which the replay cannot show).
+Bursts of Spec-Bench prompts through the batching engine at one level, recycle drafting with a fixed k = 8 so
+that every step verifies the first 9 nodes of every row's tree: with greedy acceptance the tokens any smaller
+profile T' would have emitted are then known exactly, row by row (the accepted path's nodes below index T';
+node indices grow along a path). Calls of fewer than 9 tokens (every tree smaller: roots never fed before,
+the ends of answers) are not in the trace, nor mixed calls (a prefill chunk riding along). Every step's
+batch size and every row's cumulative node scores and counterfactual tokens are recorded, the (B, T) calls
+are timed in the same process (runs of plain decoding, fixed k = 2, 4, 8 and the adaptive choice,
+k = "auto", on the same prompts, alternated round by round), and every rule is replayed on the trace:
+tokens it would emit / seconds its calls would take. Beside it, those runs' own tokens/s (there the successor
+table learns from what each method verifies, which the replay cannot show), and how many steps drafted
+nothing.
 
-    python experiments/choice_replay.py BUNDLE [--limit 8] [--new 128] [--rounds 2]
+    python experiments/choice_replay.py BUNDLE [--level 1] [--limit 8] [--new 128] [--rounds 2]
 """
 import argparse
 import collections
@@ -23,20 +25,23 @@ import specexport
 from specexport.bench.config import find_questions
 from specexport.runtime import engine as eng
 
-REC = {"on": False}  # recording: during the k = 8 runs only
-TRACE: list = []
-SHAPE: dict = {}  # k -> per run (tokens, wall s, seconds of its (1, T <= 9) calls, calls by T)  # per verify step: (cum scores padded to 9, tokens emitted at T' = 1..9)
-CALLS = collections.defaultdict(list)  # T -> seconds of (1, T) calls
+TS = (1, 3, 5, 9)
+REC = {"on": False, "method": "", "step": None}  # the trace is recorded during the k = 8 runs only
+TRACE: list = []  # per (B, 9) call: (B, [(cum scores padded to 9, tokens emitted at T' = 1..9) per row])
+CALLS = collections.defaultdict(list)  # (B, T) -> seconds of the engine's step_batch calls
+SPENT = collections.defaultdict(list)  # method -> per run (wall s, seconds in step_batch calls, their count)
+ROOTS = collections.Counter()  # method -> rows accepted, and rows whose tree was the root alone
 _accept_tree = eng.accept_tree
 
 
 def accept_tree(logits, tree, T, N, pick):
     emitted, path = _accept_tree(logits, tree, T, N, pick)
-    if T == 9 and REC["on"]:
+    ROOTS[REC["method"]] += 1
+    ROOTS[REC["method"] + " drafted nothing"] += len(tree) == 1
+    if REC["step"] is not None:  # a row of a (B, 9) call; T here is min(9, its tree's size)
         cum = np.concatenate([[1.0], 1.0 + np.cumsum(tree.score[1:])])
         cum = np.concatenate([cum, np.full(9 - len(cum), cum[-1])])[:9]
-        got = [1 + sum(1 for i in path[1:] if i < t) for t in range(1, 10)]
-        TRACE.append((cum, got))
+        REC["step"][1].append((cum, [1 + sum(1 for i in path[1:] if i < t) for t in range(1, 10)]))
     return emitted, path
 
 
@@ -44,44 +49,62 @@ eng.accept_tree = accept_tree
 
 
 def run(pipe, prompts, n, opts):
+    """One burst of every prompt (one engine at the level set by main); -> tokens/s."""
     pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
-    step = pipe.target.step_batch
+    t_ = pipe.target
+    step, mixed = t_.step_batch, getattr(t_, "step_mixed", None)
 
     def timed(pool, ids, *a, **kw):
+        B, T = ids.shape
+        REC["step"] = (B, []) if REC["on"] and T == 9 else None
+        if REC["step"] is not None:
+            TRACE.append(REC["step"])
         out = step(pool, ids, *a, **kw)
-        if ids.shape[0] == 1:
-            CALLS[ids.shape[1]].append(out.run_s)
+        CALLS[(B, T)].append(out.run_s)
+        spent[0] += out.run_s
+        spent[1] += 1
         return out
 
-    pipe.target.step_batch = timed
-    before = {T: len(v) for T, v in CALLS.items()}
+    def timed_mixed(*a, **kw):
+        REC["step"] = None
+        return mixed(*a, **kw)
+
+    spent = [0.0, 0]
+    t_.step_batch = timed
+    if mixed is not None:
+        t_.step_mixed = timed_mixed
     t = time.perf_counter()
-    toks = [pipe.submit(p, max_new_tokens=n, **opts).wait(600).token_ids for p in prompts]
+    cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
+    toks = [c.wait(600).token_ids for c in cs]
     wall = time.perf_counter() - t
-    pipe.target.step_batch = step
-    new = {T: v[before.get(T, 0):] for T, v in CALLS.items()}
-    calls = {T: len(v) for T, v in new.items() if T <= 9 and v}
-    secs = sum(sum(v) for T, v in new.items() if T <= 9)
-    SHAPE.setdefault(opts.get("k", 0), []).append((sum(map(len, toks)), wall, secs, calls))
-    return sum(len(x) for x in toks) / wall, toks
+    rate = sum(len(x) for x in toks) / wall
+    SPENT[REC["method"]].append((wall, *spent))
+    t_.step_batch = step
+    if mixed is not None:
+        t_.step_mixed = mixed
+    REC["step"] = None
+    return rate
 
 
 def replay(cost, rule):
-    """Tokens per second of the rule's choices on the trace. rule(cum, seen) -> T; seen: the rule's own
-    counterfactual observations so far, (T, predicted extra, realized extra) for every T' <= its choice."""
+    """Tokens per second of call time of the rule's choices on the trace. rule(B, rows, ts, seen) -> T, ts the
+    T with a measured (B, T) call; seen: the rule's own counterfactual observations so far, (T, promised extra,
+    realized extra) per row for every T' <= its choice."""
     toks = secs = 0.0
-    seen = []
-    for cum, got in TRACE:
-        T = rule(cum, seen)
-        toks += got[T - 1]
-        secs += cost[T]
-        seen += [(t, cum[t - 1] - 1, got[t - 1] - 1) for t in cost if t <= T]
+    seen: list = []
+    for B, rows in TRACE:
+        ts = [T for T in TS if (B, T) in cost]
+        T = rule(B, rows, ts, seen)
+        toks += sum(got[T - 1] for _, got in rows)
+        secs += cost[(B, T)]
+        seen += [(t, cum[t - 1] - 1, got[t - 1] - 1) for cum, got in rows for t in ts if t <= T]
     return toks / secs
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle")
+    p.add_argument("--level", type=int, default=1)
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
@@ -89,7 +112,7 @@ def main() -> None:
     pipe = specexport.load(a.bundle, threads=2)
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
-    pipe.start_engine(max_batch=1, max_queue=len(prompts))
+    pipe.start_engine(max_batch=a.level, max_queue=len(prompts))
     methods = {"plain": {"draft": "none"}, "k2": {"draft": "recycle", "k": 2}, "k4": {"draft": "recycle", "k": 4},
                "k8": {"draft": "recycle", "k": 8}, "auto": {"draft": "recycle", "k": "auto"}}
     real = {m: [] for m in methods}
@@ -97,60 +120,49 @@ def main() -> None:
         for m in list(methods)[r % len(methods):] + list(methods)[:r % len(methods)]:
             if m == "k8":
                 del TRACE[:]  # one trace: the last round's
-            REC["on"] = m == "k8"
-            real[m].append(run(pipe, prompts, a.new, methods[m])[0])
+            REC["on"], REC["method"] = m == "k8", m
+            real[m].append(run(pipe, prompts, a.new, methods[m]))
             REC["on"] = False
-    cost = {T: float(np.median(CALLS[T])) for T in (1, 3, 5, 9)}
-    print("calls (1, T) ms, medians:", {T: round(1e3 * c, 2) for T, c in cost.items()},
-          "counts:", {T: len(CALLS[T]) for T in (1, 3, 5, 9)})
-    print("trace steps", len(TRACE), "tokens per step at T = 1, 3, 5, 9:",
-          [round(float(np.mean([g[t - 1] for _, g in TRACE])), 3) for t in (1, 3, 5, 9)],
-          "scores' promise:", [round(float(np.mean([c[t - 1] for c, _ in TRACE])), 3) for t in (1, 3, 5, 9)])
+    cost = {bt: float(np.median(v)) for bt, v in CALLS.items() if bt[1] in TS}
+    steps = collections.Counter(B for B, _ in TRACE)
+    print(f"level {a.level}; trace: {len(TRACE)} (B, 9) calls by B {dict(sorted(steps.items()))}, "
+          f"{sum(len(rows) for _, rows in TRACE)} rows")
+    for B in sorted(steps):
+        print(f"  (B = {B}, T) calls, ms (medians):", {T: round(1e3 * cost[(B, T)], 2) for T in TS if (B, T) in cost})
+    rows = [r for _, rs in TRACE for r in rs]
+    print("tokens per row and step, had it verified T = 1, 3, 5, 9:",
+          [round(float(np.mean([g[t - 1] for _, g in rows])), 3) for t in TS],
+          "the scores' promise:", [round(float(np.mean([c[t - 1] for c, _ in rows])), 3) for t in TS])
 
     def fixed(T):
-        return lambda cum, seen: T
+        return lambda B, rows, ts, seen: T if T in ts else ts[-1]
 
-    def raw(cum, seen):
-        return max(cost, key=lambda T: cum[T - 1] / cost[T])
+    def raw(B, rows, ts, seen):  # the engine's rule: sum over rows of the raw scores' promise / (B, T) cost
+        return max(ts, key=lambda T: sum(c[T - 1] for c, _ in rows) / cost[(B, T)])
 
-    def ratio(cum, seen, prior=8.0):  # per-T ratio of realized to promised extra tokens, counterfactual
+    def ratio(B, rows, ts, seen, prior=8.0):  # each T's promise scaled by its realized / promised so far
         def rho(T):
-            pr = sum(p for t, p, g in seen if t == T)
-            re = sum(g for t, p, g in seen if t == T)
-            return (re + prior) / (pr + prior)
-        return max(cost, key=lambda T: (1 + rho(T) * (cum[T - 1] - 1)) / cost[T])
+            return (sum(g for t, _, g in seen if t == T) + prior) / (sum(p for t, p, _ in seen if t == T) + prior)
+        return max(ts, key=lambda T: sum(1 + rho(T) * (c[T - 1] - 1) for c, _ in rows) / cost[(B, T)])
 
-    def top_ratio(cum, seen, prior=8.0):  # only the step to the largest profile priced by what it delivered
-        Tm, Tn = sorted(cost)[-1], sorted(cost)[-2]
-        obs = [(t, p, g) for t, p, g in seen if t in (Tn, Tm)]
-        # pairs (Tn, Tm) observed in the same step: the marginal promise and delivery of nodes Tn..Tm-1
-        mp = mg = 0.0
-        for x, y in zip(obs, obs[1:]):
-            if x[0] == Tn and y[0] == Tm:
-                mp += y[1] - x[1]
-                mg += y[2] - x[2]
-        rho = (mg + prior * 0.5) / (mp + prior * 0.5)
-        def expect(T):
-            e = cum[T - 1]
-            return e if T < Tm else cum[Tn - 1] + rho * (cum[Tm - 1] - cum[Tn - 1])
-        return max(cost, key=lambda T: expect(T) / cost[T])
+    def capped(B, rows, ts, seen):  # the engine's rule among the profiles of at most 5 tokens
+        return raw(B, rows, [T for T in ts if T <= 5], seen)
 
-    def capped(cum, seen):  # the raw scores' choice among the profiles of at most 5 tokens
-        return max((T for T in cost if T <= 5), key=lambda T: cum[T - 1] / cost[T])
-
-    rules = {"T=1": fixed(1), "T=3": fixed(3), "T=5": fixed(5), "T=9": fixed(9), "raw scores": raw,
-             "raw, T <= 5": capped,
-             "per-T ratio": ratio, "top step ratio": top_ratio}
+    rules = {"always T = 1 (plain)": fixed(1), "always T = 3": fixed(3), "always T = 5": fixed(5),
+             "always T = 9": fixed(9), "raw scores (the engine's)": raw, "raw scores, T <= 5": capped,
+             "scores scaled per T": ratio}
     base = replay(cost, fixed(1))
     for name, rule in rules.items():
         tps = replay(cost, rule)
-        print(f"replay {name:16s} {tps:7.1f} tokens/s of call time  {tps / base:.3f}x T=1")
-    for k, runs in SHAPE.items():
-        for tok, wall, secs, calls in runs:
-            print(f"  k={k}: {tok} tokens, wall {wall:.2f} s, decode and verify calls {secs:.2f} s, prefill and "
-                  f"host {wall - secs:.2f} s, calls by T {calls}")
+        print(f"replay {name:28s} {tps:7.1f} tokens/s of call time  {tps / base:.3f}x plain")
+    print("rows that drafted nothing (a token never fed before with no earlier occurrence, or the last step of "
+          "an answer), all rounds:", {m: f"{ROOTS[m + ' drafted nothing']} of {ROOTS[m]}" for m in methods
+                                      if m != "plain"})
+    for m, runs in SPENT.items():
+        print(f"  {m}: per run wall s / seconds in decode and verify calls / their count:",
+              "; ".join(f"{w:.2f} / {c:.2f} / {n}" for w, c, n in runs))
     med = {m: float(np.median(v)) for m, v in real.items()}
-    print("real runs, tokens/s (medians of", a.rounds, "rounds):", {m: round(v, 1) for m, v in med.items()},
+    print(f"real runs, tokens/s (medians of {a.rounds} rounds):", {m: round(v, 1) for m, v in med.items()},
           "vs plain:", {m: round(v / med["plain"], 3) for m, v in med.items()})
 
 
