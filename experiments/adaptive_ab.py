@@ -4,14 +4,17 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
-        [--max-t T]
+        [--max-t T] [--calls-priced]
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
 --max-t T: a fourth method, the adaptive choice among the profiles of at most T tokens.
+--calls-priced: a fourth method, the adaptive choice with the speculation guard (costs.Payoff) pricing a
+step by its call alone and only the steps of T > 1 as speculation's, as before 2026-12-04 16:15 (the
+drafting before the call not counted; it still drafts nothing while paused).
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
-token). The successor table starts empty for every burst (as the bench's load runs do).
+token). The successor table and the speculation guard start empty for every burst (as the bench's load runs do).
 """
 import argparse
 import json
@@ -21,10 +24,20 @@ import numpy as np
 
 import specexport
 from specexport.bench.config import find_questions
+from specexport.runtime.costs import Payoff
 from specexport.runtime.engine import Engine
 
-HOLD = {"from": None, "max_t": None}  # --plain-from: calls of this many rows or more take T = 1; --max-t
+HOLD = {"from": None, "max_t": None, "calls": False}  # --plain-from: calls of this many rows or more take
+# T = 1; --max-t; --calls-priced
 _choose_T = Engine._choose_T
+_record = Payoff.record
+
+
+def record(self, B, T, tokens, rows, seconds, plain_s, host=0.0):
+    return _record(self, B, T, tokens, rows, seconds, plain_s, 0.0 if HOLD["calls"] else host)
+
+
+Payoff.record = record
 
 
 def choose_T(self, B, dec, trees):
@@ -36,6 +49,7 @@ Engine._choose_T = choose_T
 
 def burst(pipe, prompts, n, opts):
     pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
+    pipe.engine.payoff = Payoff()  # the speculation guard starts afresh too, whatever the burst before did
     t = time.perf_counter()
     cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
     toks = [c.wait(600).token_ids for c in cs]
@@ -53,6 +67,7 @@ def main() -> None:
     p.add_argument("--backend", default="onnxruntime")
     p.add_argument("--plain-from", type=int, default=None)
     p.add_argument("--max-t", type=int, default=None)
+    p.add_argument("--calls-priced", action="store_true")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
@@ -65,6 +80,8 @@ def main() -> None:
         methods[f"adaptive-plain{a.plain_from}"] = {"draft": "recycle", "k": "auto"}
     if a.max_t:
         methods[f"adaptive-t{a.max_t}"] = {"draft": "recycle", "k": "auto"}
+    if a.calls_priced:
+        methods["adaptive-calls-priced"] = {"draft": "recycle", "k": "auto"}
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         tps, outs = {m: [] for m in methods}, {}
@@ -73,6 +90,7 @@ def main() -> None:
             for m in order:
                 HOLD["from"] = a.plain_from if m.startswith("adaptive-plain") else None
                 HOLD["max_t"] = a.max_t if m.startswith("adaptive-t") else None
+                HOLD["calls"] = m == "adaptive-calls-priced"
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
                 tps[m].append(rate)
                 outs.setdefault(m, toks)

@@ -504,9 +504,33 @@ def test_payoff_pauses_speculation_that_delivers_less_than_plain():
     assert p.allows(8) and 8 not in p.rate  # paused 3 plain steps, then a fresh start
 
 
-def test_paused_engine_decodes_plain_and_the_same_tokens(bundles):
+def test_payoff_counts_the_drafting_of_steps_that_chose_plain():
+    """A step that drafted pays its drafting whatever T it chose: steps that drafted and then ran T = 1 deliver
+    one token per row per (call + drafting) seconds, below a plain call's rate, and pause speculation; the same
+    calls without drafting (host 0) are plain steps and do not; the plain estimate is the calls' own time."""
+    from specexport.runtime.costs import Payoff
+
+    drafted, undrafted = Payoff(pause=3), Payoff(pause=3)
+    for _ in range(4):
+        drafted.record(8, 1, 8, 8, 0.100, plain_s=0.100, host=0.010)
+        undrafted.record(8, 1, 8, 8, 0.100, plain_s=0.100)
+    assert not drafted.allows(8) and undrafted.allows(8)
+    assert drafted.plain[8] == pytest.approx(0.100) and drafted.rate[8] == pytest.approx(1 / 0.110)
+    ok = Payoff(pause=3)  # drafting that pays for itself: 2 tokens per row in 0.11 s
+    for _ in range(4):
+        ok.record(8, 5, 16, 8, 0.100, plain_s=0.100, host=0.010)
+    assert ok.allows(8)
+
+
+def test_paused_engine_decodes_plain_and_the_same_tokens(bundles, monkeypatch):
     """While the guard pauses speculation at a batch size > 1, adaptive requests there run T = 1 calls (nothing
-    proposed) and get the tokens they get alone; a request alone (B = 1) keeps speculating."""
+    proposed, no tree drafted: its host work would be wasted) and get the tokens they get alone; a request alone
+    (B = 1) keeps speculating."""
+    from specexport.runtime.drafters.recycle import RecycleDrafter
+
+    drafted = []
+    real_draft = RecycleDrafter.draft
+    monkeypatch.setattr(RecycleDrafter, "draft", lambda self, *a: drafted.append(1) or real_draft(self, *a))
     pipe = specexport.load(bundles["portable"])
     prompts = PROMPTS[1:3]
     want = [solo(pipe, p, max_new_tokens=16) for p in prompts]
@@ -514,10 +538,13 @@ def test_paused_engine_decodes_plain_and_the_same_tokens(bundles):
     eng._thread = True  # driven by hand
     eng.payoff.plain_left = {B: 10 ** 6 for B in eng.batch_sizes}
     cs = [pipe.submit(p, max_new_tokens=16, draft="recycle", k="auto") for p in prompts]
+    drafted.clear()
     while eng.step():
         pass
     assert [c.wait(1).token_ids for c in cs] == want
     assert eng.counters["batch"].get(2) and all(c.generation.stats.proposed == 0 for c in cs), eng.counters
+    # only the B = 1 steps (a request left alone on row 0) drafted: at most one tree each
+    assert len(drafted) <= eng.counters["batch"].get(1, 0), (len(drafted), eng.counters)
     c = pipe.submit(prompts[1], max_new_tokens=16, draft="recycle", k="auto")  # alone: B = 1
     while eng.step():
         pass

@@ -44,23 +44,26 @@ class StepCosts:
 
 
 class Payoff:
-    """Whether speculating still pays at a batch size, by what it delivered: the realized tokens per row per
-    second of its speculative calls (T > 1, an exponential moving average) against a plain call's one token
-    per row per plain second (a (B, 1) call that follows a (B, 1) call; the first estimate is the cost table's,
-    measured by the engine's warm-up the same way). The choice of T trusts the drafts' scores and the cost of
-    each (B, T) call alone; where the scores overrate the drafts, or where a change of call shape costs extra
-    on its own (~21 ms on OpenVINO's dynamic model, bf16 SmolLM2, against a 55 ms call: a speculating step
-    pays it going to T and coming back, and the cost table then prices both T = 1 and T > 1 with it),
-    speculation delivered 0.5-0.8x plain decoding through the engine (docs/benchmarks.md "The batching engine
-    on OpenVINO bfloat16"). Once the average falls below plain, that batch size decodes plain for `pause`
-    steps, then speculation is tried again from a fresh average. The engine asks it for B > 1 only: a request
-    decoding alone competes with no other rows, and pausing there lost 6% on onnxruntime (0.94x in 4 of 4
-    interleaved rounds, experiments/payoff_ab.py), where low-acceptance stretches paused speculation that
-    the stretches after them would have paid for, and the recycle drafter's table learns from fewer rows."""
+    """Whether speculating still pays at a batch size, by what it delivered: the realized tokens per row per second of
+    the steps that drafted (an exponential moving average over their call and the drafting before it: the
+    drafts, the choice of T and the inputs, ~1.7 ms at 4 rows of SmolLM2 on 2 cores against a ~21 ms call, paid
+    also by the steps whose choice was T = 1, which the calls alone did not show) against a plain call's one
+    token per row per plain second (a (B, 1) call that follows a (B, 1) call; the first estimate is the cost
+    table's, measured by the engine's warm-up the same way). While paused, the engine drafts nothing at that B.
+    The choice of T trusts the drafts' scores and the cost of each (B, T) call alone; where the scores overrate
+    the drafts, or where a change of call shape costs extra on its own (~21 ms on OpenVINO's dynamic model,
+    bf16 SmolLM2, against a 55 ms call: a speculating step pays it going to T and coming back, and the cost
+    table then prices both T = 1 and T > 1 with it), speculation delivered 0.5-0.8x plain decoding through the
+    engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once the average falls below plain,
+    that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average. The
+    engine asks it for B > 1 only: a request decoding alone competes with no other rows, and pausing there lost
+    6% on onnxruntime (0.94x in 4 of 4 interleaved rounds, experiments/payoff_ab.py), where low-acceptance
+    stretches paused speculation that the stretches after them would have paid for, and the recycle drafter's
+    table learns from fewer rows."""
 
     def __init__(self, smoothing: float = 0.3, pause: int = 32):
         self.smoothing, self.pause = smoothing, pause
-        self.rate: dict = {}  # B -> realized tokens per row per second of its speculative calls
+        self.rate: dict = {}  # B -> realized tokens per row per second of the steps that drafted
         self.plain: dict = {}  # B -> seconds of a (B, 1) call in a run of them
         self.plain_left: dict = {}  # B -> plain steps left before speculating again
         self.last = None  # (B, T) of the previous call
@@ -71,19 +74,24 @@ class Payoff:
     def _ema(self, d: dict, key, x: float) -> None:
         d[key] = x if key not in d else (1 - self.smoothing) * d[key] + self.smoothing * x
 
-    def record(self, B: int, T: int, tokens: int, rows: int, seconds: float, plain_s: float) -> None:
-        """One call of B rows and T tokens each, `rows` of them requests' rows that emitted `tokens` in all;
-        plain_s: the cost table's (B, 1) call, the first estimate of a plain call at B."""
+    def record(self, B: int, T: int, tokens: int, rows: int, seconds: float, plain_s: float,
+               host: float = 0.0) -> None:
+        """One call of B rows and T tokens each, `rows` of them requests' rows that emitted `tokens` in all,
+        in `seconds`; plain_s: the cost table's (B, 1) call, the first estimate of a plain call at B; host: the
+        seconds of drafting before the call (the drafts, the choice of T, the inputs), 0 where nothing was
+        drafted (a paused step). A step that drafted is speculation's, whatever T it chose: its tokens per row
+        per second of call and drafting go into the average, so drafts made only to choose T = 1 count
+        against it too."""
         run, self.last = self.last == (B, T), (B, T)
         self.plain.setdefault(B, plain_s)
-        if T == 1:
-            if run:
-                self._ema(self.plain, B, seconds)
+        if T == 1 and run:
+            self._ema(self.plain, B, seconds)
+        if T == 1 and not host:
             if self.plain_left.get(B):
                 self.plain_left[B] -= 1
                 if not self.plain_left[B]:
                     self.rate.pop(B, None)  # try again from nothing
             return
-        self._ema(self.rate, B, tokens / (rows * seconds))
+        self._ema(self.rate, B, tokens / (rows * (seconds + host)))
         if self.rate[B] < 1 / self.plain[B]:
             self.plain_left[B] = self.pause

@@ -467,18 +467,21 @@ class Engine:
         return sum(lens)
 
     def _decode(self, dec: list[Sequence], ride=None) -> None:
+        t0 = time.perf_counter()
         B = self.target.batch_for(max(s.row for s in dec) + 1)  # the rows [0, B) the call covers
         # onnxruntime's own fused attention runs T = 1 only at B > 1: nothing to draft in the batched call, but
         # 2..groups+1 requests can verify apart in one mixed call; with specexport's kernel every row verifies
         verify = max(self.target.batch_ts(B)) > 1
+        # the guard has paused speculation at this B: the call is T = 1 (_choose_T), so nobody drafts
+        paused = B > 1 and any(s.cfg.adaptive for s in dec) and not self.payoff.allows(B)
         apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and not verify
         if self.drafts is not None:
-            self._model_drafts(dec, B, apart or verify)
+            self._model_drafts(dec, B, (apart or verify) and not paused)
         if apart and self._verify_apart(dec):
             return
         dec = [s for s in dec if s in self._active]  # one whose drafter failed there has ended
         # drafts beyond max_new_tokens - emitted - 1 could not be emitted; none when the call cannot verify
-        trees = self._drafts(dec, lambda s: s.cfg.max_new_tokens - s.emitted - 1 if verify else 0)
+        trees = self._drafts(dec, lambda s: s.cfg.max_new_tokens - s.emitted - 1 if verify and not paused else 0)
         if not dec:
             return
         T = self._choose_T(B, dec, trees)
@@ -491,6 +494,7 @@ class Engine:
             i, p, m = t.inputs(T, len(s.ids))
             ids[s.row], pos[s.row], mask[s.row] = i, p, m[0]
         if ride is None:
+            drafting = time.perf_counter() - t0  # the host work before the call: drafts, T, inputs
             out = self.target.step_batch(self.pool, ids, pos, mask)
             self.costs.update(B, T, out.run_s)
             before = sum(s.emitted for s in dec)
@@ -517,7 +521,8 @@ class Engine:
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
         if ride is None and B > 1 and any(s.cfg.adaptive for s in dec):  # B = 1: Payoff's docstring
-            self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1))
+            self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1),
+                               host=0.0 if paused else drafting)
         self.pool.shrink(self._room())
 
     def _verify_apart(self, dec: list[Sequence]) -> bool:
