@@ -472,11 +472,11 @@ class Engine:
         # onnxruntime's own fused attention runs T = 1 only at B > 1: nothing to draft in the batched call, but
         # 2..groups+1 requests can verify apart in one mixed call; with specexport's kernel every row verifies
         verify = max(self.target.batch_ts(B)) > 1
-        # the guard has paused speculation at this B: the call is T = 1 (_choose_T), so nobody drafts
+        # the guard has paused speculation at this B: the call is T = 1 (_choose_T), so nobody drafts for it
         paused = B > 1 and any(s.cfg.adaptive for s in dec) and not self.payoff.allows(B)
         apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and not verify
         if self.drafts is not None:
-            self._model_drafts(dec, B, (apart or verify) and not paused)
+            self._model_drafts(dec, B, apart or (verify and not paused))
         if apart and self._verify_apart(dec):
             return
         dec = [s for s in dec if s in self._active]  # one whose drafter failed there has ended
@@ -522,7 +522,7 @@ class Engine:
                 self._retire(s, "error", e)
         if ride is None and B > 1 and any(s.cfg.adaptive for s in dec):  # B = 1: Payoff's docstring
             self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1),
-                               host=0.0 if paused else drafting)
+                               host=drafting if verify and not paused else 0.0)
         self.pool.shrink(self._room())
 
     def _verify_apart(self, dec: list[Sequence]) -> bool:
