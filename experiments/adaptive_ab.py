@@ -40,8 +40,8 @@ def record(self, B, T, tokens, rows, seconds, plain_s, host=0.0):
 Payoff.record = record
 
 
-def choose_T(self, B, dec, trees):
-    return 1 if HOLD["from"] is not None and B >= HOLD["from"] else _choose_T(self, B, dec, trees)
+def choose_T(self, B, dec, trees, paused=False):
+    return 1 if HOLD["from"] is not None and B >= HOLD["from"] else _choose_T(self, B, dec, trees, paused)
 
 
 Engine._choose_T = choose_T

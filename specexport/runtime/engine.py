@@ -472,7 +472,7 @@ class Engine:
         # onnxruntime's own fused attention runs T = 1 only at B > 1: nothing to draft in the batched call, but
         # 2..groups+1 requests can verify apart in one mixed call; with specexport's kernel every row verifies
         verify = max(self.target.batch_ts(B)) > 1
-        # the guard has paused speculation at this B: the call is T = 1 (_choose_T), so nobody drafts for it
+        # the guard has paused speculation at this B (adaptive requests only): nobody drafts, the call is T = 1
         paused = B > 1 and any(s.cfg.adaptive for s in dec) and not self.payoff.allows(B)
         apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and not verify
         if self.drafts is not None:
@@ -484,7 +484,7 @@ class Engine:
         trees = self._drafts(dec, lambda s: s.cfg.max_new_tokens - s.emitted - 1 if verify and not paused else 0)
         if not dec:
             return
-        T = self._choose_T(B, dec, trees)
+        T = self._choose_T(B, dec, trees, paused)
         ids = np.zeros((B, T), dtype=np.int64)
         pos = np.zeros((B, T), dtype=np.int64)
         mask = np.broadcast_to(np.eye(T, dtype=bool), (B, T, T)).copy()  # pad rows see themselves only
@@ -619,7 +619,7 @@ class Engine:
             return d.draft(s.ids, k, room)
         return Tree.chain(s.ids, d.propose(s.ids, min(k, room)).tokens, s.chain_rate)  # ngram: node i scored rate ** i
 
-    def _choose_T(self, B: int, dec: list[Sequence], trees: list[Tree]) -> int:
+    def _choose_T(self, B: int, dec: list[Sequence], trees: list[Tree], paused: bool = False) -> int:
         # a call's padding rows must fit too: near the capacity only the T that fit n + T of every row the
         # call covers (a row below the decoding ones may be a prompt that is part-way or just done)
         room = self.pool.buckets[-1] - int(self.pool.n[:B].max())
@@ -628,7 +628,7 @@ class Engine:
         if not any(s.cfg.adaptive for s in dec):
             need = max(caps)
             return next((T for T in ts if T >= need), ts[-1])
-        if B > 1 and not self.payoff.allows(B) and ts[0] == 1:  # speculation delivered less than plain here
+        if paused and ts[0] == 1:  # the guard: speculation delivered less than plain at this B
             return 1
         cums = [np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])]) for t in trees]
         return self.costs.best(B, ts, lambda T: sum(c[min(T, cap) - 1] for c, cap in zip(cums, caps)))
