@@ -194,7 +194,10 @@ SHAPES = {  # GraphConfig numbers of the real models; weights random
 
 
 def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 5, 9), S: int = 512,
-               reps: int = 30) -> list[str]:
+               reps: int = 30, bs=(1, 4, 8, 16)) -> tuple[list[str], list[str]]:
+    """-> (one-sequence step rows, batched step rows): the median time of a step of T tokens at cache length S/2,
+    and of a call of B rows x T tokens on a pool whose rows all sit at S/2 (what a batch costs against one row)."""
+    import numpy as np
     import torch
 
     from specexport import bundle
@@ -205,6 +208,8 @@ def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 
     m = bundle.read(pack / "bundle")
     rows = ["| model (random weights) | dtype | T | S | eager ms | CUDA graph ms | graph speedup |",
             "|---|---|---|---|---|---|---|"]
+    brows = ["| model (random weights) | dtype | B | T | eager ms | CUDA graph ms | graph ms / (1, 1) graph ms |",
+             "|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for dtype in dtypes:
             d = SHAPES[shape]
@@ -222,9 +227,10 @@ def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 
             g.rot = rotation(D).to(device, dtype)
             g.eye = torch.eye(D, device=device, dtype=dtype)
             entry = dataclasses.replace(m.target, arch=c.summary(), profiles={f"t{T}": T for T in ts})
-            res = {}
+            res, bres = {}, {}
             for graphs in (False, True) if device == "cuda" else (False,):
-                be = TorchBackend(pack / "bundle", entry, [S], device=device, cuda_graphs=graphs, dtype=dtype, graph=g)
+                be = TorchBackend(pack / "bundle", entry, [S], device=device, cuda_graphs=graphs, dtype=dtype, graph=g,
+                                  batch_sizes=list(bs))
                 cache = be.new_cache()
                 cache.n = S // 2
                 for T in ts:
@@ -234,14 +240,39 @@ def time_steps(pack: Path, device: str, shapes: list[str], dtypes: list, ts=(1, 
                     for _ in range(reps):
                         times.append(be.step(cache, [1] * T, cache.n).run_s)
                     res[graphs, T] = statistics.median(times) * 1e3
+                del cache
+                try:  # a failure here must not lose the one-sequence rows
+                    pool = be.new_pool(max(bs))
+                    pool.n[:] = S // 2
+                    for B in bs:
+                        for T in (1, 5):
+                            ids = np.ones((B, T), dtype=np.int64)
+                            pos = (S // 2 + np.arange(T))[None].repeat(B, 0)
+                            times = [be.step_batch(pool, ids, pos).run_s for _ in range(reps + 3)][3:]
+                            bres[graphs, B, T] = statistics.median(times) * 1e3
+                    del pool
+                except Exception as e:  # noqa: BLE001
+                    brows.append(f"| {shape} | {str(dtype).split('.')[-1]} | - | - | FAILED (graphs={graphs}): "
+                                 f"{type(e).__name__}: {str(e)[:200]} | | |")
+                    print(brows[-1], flush=True)
+                del be
             for T in ts:
                 e, r = res[False, T], res.get((True, T))
                 rows.append(f"| {shape} | {str(dtype).split('.')[-1]} | {T} | {S} | {e:.2f} | "
                             + (f"{r:.2f} | {e / r:.1f}x |" if r else "- | - |"))
                 print(rows[-1], flush=True)
+            for B in bs:
+                for T in (1, 5):
+                    if (False, B, T) not in bres:
+                        continue
+                    e, r = bres[False, B, T], bres.get((True, B, T))
+                    base = bres.get((True, 1, 1), bres[False, 1, 1])
+                    brows.append(f"| {shape} | {str(dtype).split('.')[-1]} | {B} | {T} | {e:.2f} | "
+                                 + (f"{r:.2f} | {r / base:.2f} |" if r else f"- | {e / base:.2f} |"))
+                    print(brows[-1], flush=True)
             del g
             torch.cuda.empty_cache() if device == "cuda" else None
-    return rows
+    return rows, brows
 
 
 def run(pack: Path, out: Path) -> None:
@@ -265,11 +296,16 @@ def run(pack: Path, out: Path) -> None:
     print("\n".join(head), flush=True)
     rows = check_backends(pack, cuda)
     batched = check_batched(pack, cuda)
-    timing = (time_steps(pack, "cuda", ["smollm2-135m", "llama-7b"], [torch.float32, torch.bfloat16]) if cuda
-              else ["(step timings need CUDA: skipped)"])
+    if cuda:
+        timing, btiming = time_steps(pack, "cuda", ["smollm2-135m", "llama-7b"], [torch.float32, torch.bfloat16])
+    elif os.environ.get("GPU_CHECK_CPU_TIMING"):  # a dry run of the timing code itself, small
+        timing, btiming = time_steps(pack, "cpu", ["smollm2-135m"], [torch.float32], reps=2, bs=(1, 2))
+    else:
+        timing, btiming = ["(step timings need CUDA: skipped)"], []
     text = "\n".join(head + ["", "## Greedy output vs transformers (tiny random checkpoints)", ""] + rows +
                      ["", "## Many requests at once: the batching engine, each request vs its solo run", ""] + batched +
-                     ["", "## One step, median of 30 (includes input upload and logits download)", ""] + timing)
+                     ["", "## One step, median of 30 (includes input upload and logits download)", ""] + timing +
+                     ["", "## One batched call, B rows x T tokens at cache length 256 (median of 30)", ""] + btiming)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.md").write_text(text + "\n")
     print(f"\nwrote {out / 'gpu_check.md'}")
