@@ -132,15 +132,19 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
             print(rows[-1], flush=True)
             continue
         for draft, k in DRAFTS:
-            run_case(t, d, cases[0]["ids"], draft, k)  # warm-up: CUDA-graph captures, allocations
-            same, n, secs, steps = True, 0, 0.0, 0
-            for c in cases:
-                t0 = time.perf_counter()
-                out, st = run_case(t, d, c["ids"], draft, k)
-                secs += time.perf_counter() - t0
-                n, steps = n + len(out), steps + st.steps
-                same &= out == c["transformers"]
-            rows.append(f"| {name} | {draft} | {k} | {n / secs:.0f} | {n / steps:.2f} | {'yes' if same else 'NO'} |")
+            try:
+                run_case(t, d, cases[0]["ids"], draft, k)  # warm-up: CUDA-graph captures, allocations
+                same, n, secs, steps = True, 0, 0.0, 0
+                for c in cases:
+                    t0 = time.perf_counter()
+                    out, st = run_case(t, d, c["ids"], draft, k)
+                    secs += time.perf_counter() - t0
+                    n, steps = n + len(out), steps + st.steps
+                    same &= out == c["transformers"]
+                rows.append(f"| {name} | {draft} | {k} | {n / secs:.0f} | {n / steps:.2f} | "
+                            f"{'yes' if same else 'NO'} |")
+            except Exception as e:  # noqa: BLE001
+                rows.append(f"| {name} | {draft} | {k} | - | - | FAILED: {type(e).__name__}: {str(e)[:200]} |")
             print(rows[-1], flush=True)
     return rows
 
