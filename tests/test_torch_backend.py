@@ -104,3 +104,40 @@ def test_tensorrt_matches_cpu(ckpts, tmp_path):
         want = cpu.generate(p, max_new_tokens=30, draft="none").token_ids
         for draft, k in [("none", 4), ("model", 2), ("recycle", 4)]:
             assert trt.generate(p, max_new_tokens=30, draft=draft, k=k).token_ids == want, (p, draft)
+
+
+@pytest.mark.parametrize("slots", [False, True])
+def test_graph_step_makes_no_tensor_off_the_inputs_device(slots):
+    """CUDA-graph capture refuses any copy from host memory, and a tensor made on the CPU inside the step (a
+    `torch.tensor(0.0)` constant, which eager CUDA silently accepts as a scalar) is one: on the H200 on 2026-12-04
+    every captured step failed that way. Here, with no GPU: run the step with weights and inputs on the meta
+    device and record the device of every tensor any op makes; all must be meta."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    from specexport.graphs.config import GraphConfig
+    from specexport.graphs.llama import LlamaGraph, empty_inputs
+
+    class Devices(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.seen.setdefault(t.device.type, str(func))
+            return out
+
+    D = 16
+    c = GraphConfig(arch="llama", rms_norm_eps=1e-5, rope_type="default", inv_freq=tuple(1e-4 ** (i / D) for i in
+                    range(0, D, 2)), rope_scaling=1.0, qkv_bias=False, o_bias=False, mlp_bias=False, vocab_size=64,
+                    hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=D,
+                    tie_word_embeddings=True)
+    g = LlamaGraph(c, slots=slots).to("meta")
+    x = tree_map(lambda t: t.to("meta"), empty_inputs(c, T=3, S=8, B=2))
+    with torch.no_grad(), Devices() as mode:
+        logits, _ = g(*x)
+    assert logits.shape == (2, 3, 64)
+    assert set(mode.seen) == {"meta"}, f"the step made tensors on {mode.seen} (first op named)"

@@ -211,8 +211,8 @@ class LlamaGraph(nn.Module):
         S = past_mask.shape[1]
         place = None
         if not self.slots:
-            dev = past_mask.device  # constants on the inputs' device: a CPU tensor breaks CUDA-graph capture
-            neg, zero = torch.tensor(float("-inf"), device=dev), torch.tensor(0.0, device=dev)
+            dev = past_mask.device  # filled on the device: copying a CPU tensor there breaks CUDA-graph capture
+            neg, zero = torch.full((), float("-inf"), device=dev), torch.zeros((), device=dev)
             bias_past = torch.where(past_mask, zero, neg)[:, None, None, :].expand(B, 1, G * T, S)
             bias_new = torch.where(new_mask, zero, neg).repeat(1, G, 1)[:, None]  # [B,1,G*T,T], row g*T+t
             bias = torch.cat([bias_past, bias_new], dim=-1).to(x.dtype)  # [B,1,G*T,S+T], once per step
