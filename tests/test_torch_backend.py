@@ -141,3 +141,21 @@ def test_graph_step_makes_no_tensor_off_the_inputs_device(slots):
         logits, _ = g(*x)
     assert logits.shape == (2, 3, 64)
     assert set(mode.seen) == {"meta"}, f"the step made tensors on {mode.seen} (first op named)"
+
+
+def test_torch_backend_in_bfloat16_is_plain_only_when_verify_rows_drift(bundle_noisy):
+    """A lower-precision torch target measures its verify-vs-decode drift at load, as the build does for float32
+    and the bf16 onnxruntime/OpenVINO backends do: beyond the tolerance speculation is refused with the number
+    (on the H200 bf16 speculation changed the output in 3 of 4 draft settings). Plain decoding still runs."""
+    from specexport import bundle
+    from specexport.backends.torch_graphs import TorchBackend
+
+    m = bundle.read(bundle_noisy)
+    pipe = specexport.load(bundle_noisy, verify=False)
+    pipe.target = TorchBackend(bundle_noisy, m.target, m.buckets, device="cpu", dtype=torch.bfloat16)
+    e = pipe.target.entry
+    assert e.verify_drift is not None and e.verify_drift > (e.parity_tolerance or 1e-3)  # bf16: ~1e-2 here
+    assert not e.speculative and not e.exact_trees
+    with pytest.raises(ValueError, match="bfloat16 math.*dtype=torch.float32"):
+        pipe.generate(PROMPTS[0], max_new_tokens=8, draft="ngram")
+    assert len(pipe.generate(PROMPTS[0], max_new_tokens=8, draft="none").token_ids) == 8

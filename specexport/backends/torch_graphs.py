@@ -124,6 +124,16 @@ class TorchBackend(BackendBase):
         self.dtype = dtype
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._graphs: dict = {}  # (B, T, S, cache buffer address) -> (graph, static inputs, static outputs)
+        if dtype != torch.float32 and entry.role == "target" and entry.speculative and entry.verify_ks():
+            # half-precision products round each partial sum, and a verify call's [T, E] products are tiled
+            # differently from a decode call's [1, E]: on an H200 (2026-12-04) bf16 speculation gave other tokens
+            # than bf16 plain decoding in 3 of 4 draft settings. Measure it as the build does (chain and tree);
+            # beyond the tolerance the target loads plain-only and drafts are refused with the number.
+            from ..runtime.prefill import measured_entry
+
+            self.numerics = f"{str(dtype).split('.')[-1]} math (torch backend)"
+            self.plain_only_fix = "load the torch backend with dtype=torch.float32"
+            self.entry = measured_entry(self, trees=False)
 
     def new_cache(self) -> TorchRingKV:
         L, Hkv, D = self.dims
