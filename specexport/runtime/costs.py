@@ -46,8 +46,9 @@ class StepCosts:
 class Payoff:
     """Whether speculating still pays at a batch size, by what it delivered: the realized tokens per row per second of
     the steps that drafted (an exponential moving average over their call and the drafting before it: the
-    drafts, the choice of T and the inputs, ~1.7 ms at 4 rows of SmolLM2 on 2 cores against a ~21 ms call, paid
-    also by the steps whose choice was T = 1, which the calls alone did not show) against a plain call's one
+    drafts, the choice of T and the inputs, paid also by the steps whose choice was T = 1, which the calls
+    alone did not show; all the host work of an adaptive step at 4 rows of SmolLM2 on 2 cores is ~1.3 ms
+    against ~1.0 ms for a plain one and a ~21 ms call, experiments/host_time.py) against a plain call's one
     token per row per plain second (a (B, 1) call that follows a (B, 1) call; the first estimate is the cost
     table's, measured by the engine's warm-up the same way). While paused, the engine drafts nothing at that B.
     The choice of T trusts the drafts' scores and the cost of each (B, T) call alone; where the scores overrate
