@@ -4,13 +4,15 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
-        [--max-t T] [--calls-priced]
+        [--max-t T] [--calls-priced] [--guard-from B]
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
 --max-t T: a fourth method, the adaptive choice among the profiles of at most T tokens.
 --calls-priced: a fourth method, the adaptive choice with the speculation guard (costs.Payoff) pricing a
 step by its call alone and only the steps of T > 1 as speculation's, as before 2026-12-04 16:15 (the
 drafting before the call not counted; it still drafts nothing while paused).
+--guard-from B: a fourth method, the adaptive choice with the speculation guard acting only on calls of B or
+more rows (below B it never pauses, as at one row).
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
@@ -27,10 +29,18 @@ from specexport.bench.config import find_questions
 from specexport.runtime.costs import Payoff
 from specexport.runtime.engine import Engine
 
-HOLD = {"from": None, "max_t": None, "calls": False}  # --plain-from: calls of this many rows or more take
-# T = 1; --max-t; --calls-priced
+HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None}  # --plain-from: calls of this many
+# rows or more take T = 1; --max-t; --calls-priced; --guard-from
 _choose_T = Engine._choose_T
 _record = Payoff.record
+_allows = Payoff.allows
+
+
+def allows(self, B):
+    return True if HOLD["guard_from"] is not None and B < HOLD["guard_from"] else _allows(self, B)
+
+
+Payoff.allows = allows
 
 
 def record(self, B, T, tokens, rows, seconds, plain_s, host=0.0):
@@ -68,6 +78,7 @@ def main() -> None:
     p.add_argument("--plain-from", type=int, default=None)
     p.add_argument("--max-t", type=int, default=None)
     p.add_argument("--calls-priced", action="store_true")
+    p.add_argument("--guard-from", type=int, default=None)
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
@@ -82,6 +93,8 @@ def main() -> None:
         methods[f"adaptive-t{a.max_t}"] = {"draft": "recycle", "k": "auto"}
     if a.calls_priced:
         methods["adaptive-calls-priced"] = {"draft": "recycle", "k": "auto"}
+    if a.guard_from:
+        methods[f"adaptive-guard{a.guard_from}"] = {"draft": "recycle", "k": "auto"}
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         tps, outs = {m: [] for m in methods}, {}
@@ -91,6 +104,7 @@ def main() -> None:
                 HOLD["from"] = a.plain_from if m.startswith("adaptive-plain") else None
                 HOLD["max_t"] = a.max_t if m.startswith("adaptive-t") else None
                 HOLD["calls"] = m == "adaptive-calls-priced"
+                HOLD["guard_from"] = a.guard_from if m.startswith("adaptive-guard") else None
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
                 tps[m].append(rate)
                 outs.setdefault(m, toks)

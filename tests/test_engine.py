@@ -523,32 +523,37 @@ def test_payoff_counts_the_drafting_of_steps_that_chose_plain():
 
 
 def test_paused_engine_decodes_plain_and_the_same_tokens(bundles, monkeypatch):
-    """While the guard pauses speculation at a batch size > 1, adaptive requests there run T = 1 calls (nothing
-    proposed, no tree drafted: its host work would be wasted) and get the tokens they get alone; a request alone
-    (B = 1) keeps speculating."""
+    """While the guard pauses speculation at a batch size >= Payoff.MIN_ROWS (3), adaptive requests there run
+    T = 1 calls (no tree drafted: its host work would be wasted) and get the tokens they get alone; calls of
+    one or two rows are never paused (pausing there lost, costs.Payoff), so they keep drafting."""
+    from specexport.runtime import engine as E
+    from specexport.runtime.costs import Payoff
     from specexport.runtime.drafters.recycle import RecycleDrafter
 
-    drafted = []
-    real_draft = RecycleDrafter.draft
-    monkeypatch.setattr(RecycleDrafter, "draft", lambda self, *a: drafted.append(1) or real_draft(self, *a))
+    rows, drafted = {}, []  # the B of the decode step in progress; the B of every step that drafted a tree
+    real_decode, real_draft = E.Engine._decode, RecycleDrafter.draft
+
+    def decode(self, dec, ride=None):
+        rows["B"] = self.target.batch_for(max(s.row for s in dec) + 1)
+        return real_decode(self, dec, ride)
+    monkeypatch.setattr(E.Engine, "_decode", decode)
+    monkeypatch.setattr(RecycleDrafter, "draft", lambda self, *a: drafted.append(rows["B"]) or real_draft(self, *a))
     pipe = specexport.load(bundles["portable"])
-    prompts = PROMPTS[1:3]
-    want = [solo(pipe, p, max_new_tokens=16) for p in prompts]
-    eng = pipe.start_engine(max_batch=2)
-    eng._thread = True  # driven by hand
-    eng.payoff.plain_left = {B: 10 ** 6 for B in eng.batch_sizes}
-    cs = [pipe.submit(p, max_new_tokens=16, draft="recycle", k="auto") for p in prompts]
-    drafted.clear()
-    while eng.step():
-        pass
-    assert [c.wait(1).token_ids for c in cs] == want
-    assert eng.counters["batch"].get(2) and all(c.generation.stats.proposed == 0 for c in cs), eng.counters
-    # only the B = 1 steps (a request left alone on row 0) drafted: at most one tree each
-    assert len(drafted) <= eng.counters["batch"].get(1, 0), (len(drafted), eng.counters)
-    c = pipe.submit(prompts[1], max_new_tokens=16, draft="recycle", k="auto")  # alone: B = 1
-    while eng.step():
-        pass
-    assert c.wait(1).token_ids == want[1] and c.generation.stats.proposed > 0
+    for level, prompts in ((4, PROMPTS[:4]), (2, PROMPTS[1:3])):
+        want = [solo(pipe, p, max_new_tokens=16) for p in prompts]
+        eng = pipe.start_engine(max_batch=level)
+        eng._thread = True  # driven by hand
+        eng.payoff.plain_left = {B: 10 ** 6 for B in range(1, 17)}  # paused wherever the guard acts
+        cs = [pipe.submit(p, max_new_tokens=16, draft="recycle", k="auto") for p in prompts]
+        drafted.clear()
+        while eng.step():
+            pass
+        assert [c.wait(1).token_ids for c in cs] == want
+        assert eng.counters["batch"].get(level), eng.counters
+        if level >= Payoff.MIN_ROWS:  # paused: the steps of 4 rows drafted nothing
+            assert all(b < Payoff.MIN_ROWS for b in drafted), (drafted, eng.counters)
+        else:  # two rows: never paused, so the steps of 2 rows drafted
+            assert drafted.count(2) >= eng.counters["batch"][2], (drafted, eng.counters)
 
 
 def test_a_chain_priced_out_is_tried_again(bundles, monkeypatch):

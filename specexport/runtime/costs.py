@@ -57,10 +57,15 @@ class Payoff:
     table then prices both T = 1 and T > 1 with it), speculation delivered 0.5-0.8x plain decoding through the
     engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once the average falls below plain,
     that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average. The
-    engine asks it for B > 1 only: a request decoding alone competes with no other rows, and pausing there lost
-    6% on onnxruntime (0.94x in 4 of 4 interleaved rounds, experiments/payoff_ab.py), where low-acceptance
-    stretches paused speculation that the stretches after them would have paid for, and the recycle drafter's
-    table learns from fewer rows."""
+    engine asks it for B >= MIN_ROWS only: one or two rows compete with few others, a (2, 3) call costs about
+    what a (1, 5) one does, and pausing there lost: 6% at one row on onnxruntime (0.94x in 4 of 4 interleaved
+    rounds, experiments/payoff_ab.py), 6-8% at two (the guard left off below 3 rows: 1.06x / 1.08x the guarded
+    choice on the medians, 8 of 9 rounds ahead, `experiments/adaptive_ab.py --guard-from 3`, 2026-12-04,
+    `epyc-zen4`; there the drafts' scores delivered what they promised, 1.06x), where low-acceptance stretches
+    paused speculation that the stretches after them would have paid for, and the recycle drafter's table
+    learns from fewer rows."""
+
+    MIN_ROWS = 3  # the smallest batch size the engine guards
 
     def __init__(self, smoothing: float = 0.3, pause: int = 32):
         self.smoothing, self.pause = smoothing, pause
