@@ -56,8 +56,8 @@ class Payoff:
     bf16 SmolLM2, against a 55 ms call: a speculating step pays it going to T and coming back, and the cost
     table then prices both T = 1 and T > 1 with it), speculation delivered 0.5-0.8x plain decoding through the
     engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once the average falls below plain,
-    that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average. The
-    engine asks it for B >= MIN_ROWS only: one or two rows compete with few others, a (2, 3) call costs about
+    that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average. It
+    guards B >= MIN_ROWS only (below, `allows` is always true and `record` keeps nothing): one or two rows compete with few others, a (2, 3) call costs about
     what a (1, 5) one does, and pausing there lost: 6% at one row on onnxruntime (0.94x in 4 of 4 interleaved
     rounds, experiments/payoff_ab.py), 6-8% at two (the guard left off below 3 rows: 1.06x / 1.08x the guarded
     choice on the medians, 8 of 9 rounds ahead, `experiments/adaptive_ab.py --guard-from 3`, 2026-12-04,
@@ -65,7 +65,7 @@ class Payoff:
     paused speculation that the stretches after them would have paid for, and the recycle drafter's table
     learns from fewer rows."""
 
-    MIN_ROWS = 3  # the smallest batch size the engine guards
+    MIN_ROWS = 3  # the smallest batch size guarded
 
     def __init__(self, smoothing: float = 0.3, pause: int = 32):
         self.smoothing, self.pause = smoothing, pause
@@ -75,7 +75,7 @@ class Payoff:
         self.last = None  # (B, T) of the previous call
 
     def allows(self, B: int) -> bool:
-        return not self.plain_left.get(B)
+        return B < self.MIN_ROWS or not self.plain_left.get(B)
 
     def _ema(self, d: dict, key, x: float) -> None:
         d[key] = x if key not in d else (1 - self.smoothing) * d[key] + self.smoothing * x
@@ -88,6 +88,8 @@ class Payoff:
         drafted (a paused step). A step that drafted is speculation's, whatever T it chose: its tokens per row
         per second of call and drafting go into the average, so drafts made only to choose T = 1 count
         against it too."""
+        if B < self.MIN_ROWS:
+            return
         run, self.last = self.last == (B, T), (B, T)
         self.plain.setdefault(B, plain_s)
         if T == 1 and run:

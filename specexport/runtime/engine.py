@@ -473,7 +473,7 @@ class Engine:
         # 2..groups+1 requests can verify apart in one mixed call; with specexport's kernel every row verifies
         verify = max(self.target.batch_ts(B)) > 1
         # the guard has paused speculation at this B (adaptive requests only): nobody drafts, the call is T = 1
-        paused = B >= Payoff.MIN_ROWS and any(s.cfg.adaptive for s in dec) and not self.payoff.allows(B)
+        paused = any(s.cfg.adaptive for s in dec) and not self.payoff.allows(B)
         apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and not verify
         if self.drafts is not None:
             self._model_drafts(dec, B, apart or (verify and not paused))
@@ -520,7 +520,7 @@ class Engine:
                 self._accept(s, t, T, out)
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
-        if ride is None and B >= Payoff.MIN_ROWS and any(s.cfg.adaptive for s in dec):  # Payoff's docstring
+        if ride is None and any(s.cfg.adaptive for s in dec):  # the guard keeps B >= Payoff.MIN_ROWS only
             self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1),
                                host=drafting if verify and not paused else 0.0)
         self.pool.shrink(self._room())
