@@ -68,6 +68,11 @@ def prepare(pack: Path) -> None:
     print(f"wrote {pack} ({size / 2**20:.1f} MiB)")
 
 
+def failed(e: BaseException, n: int = 200) -> str:
+    """A report cell for a part that raised: one failure must not hide the other rows."""
+    return f"FAILED: {type(e).__name__}: {str(e)[:n]}"
+
+
 def run_case(target, draft_backend, ids, draft, k):
     from specexport.runtime.decoder import DecodeConfig, Stats, generate
     from specexport.runtime.drafters import ModelDrafter, NgramDrafter, RecycleDrafter, SuccessorTable
@@ -130,7 +135,7 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
         try:
             t, d = make()
         except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others' rows
-            rows.append(f"| {name} | - | - | - | - | FAILED: {type(e).__name__}: {str(e)[:200]} |")
+            rows.append(f"| {name} | - | - | - | - | {failed(e)} |")
             print(rows[-1], flush=True)
             continue
         te = t.entry
@@ -152,7 +157,7 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
                 rows.append(f"| {name} | {draft} | {k} | {n / secs:.0f} | {n / steps:.2f} | "
                             f"{'yes' if same else 'NO'} | {'yes' if own else 'NO'} |")
             except Exception as e:  # noqa: BLE001
-                rows.append(f"| {name} | {draft} | {k} | - | - | FAILED: {type(e).__name__}: {str(e)[:200]} | |")
+                rows.append(f"| {name} | {draft} | {k} | - | - | {failed(e)} | |")
             print(rows[-1], flush=True)
     return rows + ["", "The rows call the decoder directly, so they run drafts even where a Pipeline would refuse them:",
                    ""] + notes
@@ -193,7 +198,7 @@ def check_batched(pack: Path, cuda: bool) -> list[str]:
                             f"{same}/{len(cases)} |")
                 print(rows[-1], flush=True)
         except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others' rows
-            rows.append(f"| {name} | - | - | - | - | FAILED: {type(e).__name__}: {str(e)[:200]} |")
+            rows.append(f"| {name} | - | - | - | - | {failed(e)} |")
             print(rows[-1], flush=True)
     return rows
 
@@ -315,7 +320,7 @@ def run(pack: Path, out: Path, timing: bool = True) -> None:
         try:
             timing, btiming = time_steps(pack, "cuda", ["smollm2-135m", "llama-7b"], [torch.float32, torch.bfloat16])
         except Exception as e:  # noqa: BLE001 - keep the correctness rows above
-            timing, btiming = [f"FAILED: {type(e).__name__}: {str(e)[:300]}"], []
+            timing, btiming = [failed(e, 300)], []
     elif os.environ.get("GPU_CHECK_CPU_TIMING"):  # a dry run of the timing code itself, small
         timing, btiming = time_steps(pack, "cpu", ["smollm2-135m"], [torch.float32], reps=2, bs=(1, 2))
     else:
