@@ -9,7 +9,8 @@ import specexport
 bundle, T, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 t = specexport.load(bundle, threads=2).target
 from specexport.backends.ort import session_options
-so = session_options(None, t.kernel, sys.argv[4] if len(sys.argv) > 4 else "float32"); so.enable_profiling = True
+so = session_options(None, t.kernel, sys.argv[4] if len(sys.argv) > 4 else "float32", getattr(t, "nbits", False))
+so.enable_profiling = True
 so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "chunk_profile")
 t.session = ort.InferenceSession(str(Path(bundle) / t.entry.graph), so, providers=["CPUExecutionProvider"])
 rng = np.random.default_rng(0)

@@ -126,6 +126,8 @@ class Manifest:
     buckets: list = field(default_factory=list)  # S values the graphs run with (the last = capacity)
     batch_sizes: list = field(default_factory=lambda: [1])  # B values the runtime runs (the last = batch)
     sizes: dict = field(default_factory=dict)  # file name -> bytes (every listed file; {} in older bundles)
+    # the recycle drafter's successor table seeded at build time: {"file", "prompts", "tokens"}; {} when none
+    successors: dict = field(default_factory=dict)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -241,7 +243,7 @@ def check(d) -> None:
         raise BundleError(f"bundle format_version {_show(d.get('format_version'))} but this specexport reads "
                           f"version {FORMAT_VERSION}: rebuild it with `specexport build`")
     _obj(d, "", required=("specexport_version", "capacity", "batch", "models", "tokenizer", "files", "build",
-                          "buckets", "format", "format_version"), optional=("batch_sizes", "sizes"))
+                          "buckets", "format", "format_version"), optional=("batch_sizes", "sizes", "successors"))
     _str(d["specexport_version"], "specexport_version", 64)
     _obj(d["build"], "build", free=True)
     S = _int(d["capacity"], "capacity", 8, MAX_CAPACITY)
@@ -270,6 +272,11 @@ def check(d) -> None:
     if dr is not None and any(n.startswith("verify_") for n in dr["profiles"]):
         raise _bad("models.draft.profiles", "must hold no verify profile (a draft proposes, the target verifies)")
     _check_tokenizer(d["tokenizer"], V, files)
+    if d.get("successors"):
+        seed = _obj(d["successors"], "successors", required=("file", "prompts", "tokens"))
+        _listed(seed["file"], "successors.file", files)
+        _int(seed["prompts"], "successors.prompts", 0, 1 << 20)
+        _int(seed["tokens"], "successors.tokens", 0, 1 << 30)
 
 
 def _check_files(d) -> dict:

@@ -20,18 +20,19 @@ def ckpts(tmp_path_factory):
     }
 
 
-def build_bundle(out, target, draft="none", ks=(1, 2, 4), capacity=96, chunk=8, **kw):
+def build_bundle(out, target, draft="none", ks=(1, 2, 4), capacity=96, chunk=8, seed_tokens=0, **kw):
+    """A bundle of the tiny checkpoints; no seeded successor table unless asked (the bundle_noisy fixture has one)."""
     from specexport.exporter.build import BuildConfig, DraftSpec, build
 
     cfg = BuildConfig(target=str(target), out=Path(out), draft=DraftSpec.parse(str(draft)), ks=tuple(ks),
-                      capacity=capacity, prefill_chunk=chunk, **kw)
+                      capacity=capacity, prefill_chunk=chunk, seed_tokens=seed_tokens, **kw)
     build(cfg, log=lambda s: None)
     return Path(out)
 
 
 @pytest.fixture(scope="session")
 def bundle_noisy(ckpts, tmp_path_factory):
-    return build_bundle(tmp_path_factory.mktemp("b") / "noisy", ckpts["target"], ckpts["noisy"])
+    return build_bundle(tmp_path_factory.mktemp("b") / "noisy", ckpts["target"], ckpts["noisy"], seed_tokens=24)
 
 
 @pytest.fixture(scope="session")

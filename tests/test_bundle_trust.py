@@ -684,3 +684,49 @@ def test_full_disk_is_a_one_line_error_and_leaves_nothing(ckpts, tmp_path):
         assert os.listdir(full) == []
     finally:
         _umount(full)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("not npy", "successors.npy.*cannot be loaded"),
+    ("pickled objects", "successors.npy.*cannot be loaded"),
+    ("float rows", "int32 rows"),
+    ("token past the vocabulary", r"token ids must lie in \[-1,"),
+    ("context of -1 only", "1-3 token ids"),
+    ("gap in the context", "1-3 token ids"),
+])
+def test_hash_valid_hostile_successor_table_is_refused_at_load(copy, case, match):
+    """The seeded successor table is untrusted too: a file that is not an int32 table of in-vocabulary ids is
+    a BundleError at load naming successors.file, never an index error inside a run."""
+    import io
+
+    d = json.loads((copy / "manifest.json").read_text())
+    name = d["successors"]["file"]
+    a = np.load(copy / name)
+    V = d["models"]["target"]["arch"]["vocab_size"]
+    if case == "not npy":
+        raw = b"\x93NUMPY garbage" * 10
+    else:
+        if case == "pickled objects":
+            a = np.array([{"a": 1}], dtype=object)
+        elif case == "float rows":
+            a = a.astype(np.float32)
+        elif case == "token past the vocabulary":
+            a[0, 3] = V
+        elif case == "context of -1 only":
+            a[0, :3] = -1
+        else:
+            a[-1, :3] = [5, -1, 7]
+        buf = io.BytesIO()
+        np.save(buf, a, allow_pickle=True)
+        raw = buf.getvalue()
+    (copy / name).write_bytes(raw)
+    relist(copy, d, name)
+    (copy / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(BundleError, match=match):
+        specexport.load(copy)
+
+
+def test_successors_entry_must_name_a_listed_file(copy):
+    edit(copy, lambda d: d["successors"].update(file="elsewhere.npy"))
+    with pytest.raises(BundleError, match="successors.file"):
+        specexport.load(copy)

@@ -41,9 +41,14 @@ class OrtBackend(BackendBase):
             raise OptionError(f"backend onnxruntime-{weights} holds the target's weights in specexport's MatMul "
                               f"kernel, but {why}; use backend onnxruntime (float32)")
         self.weights = "float32" if why else weights  # a draft that cannot only proposes in float32: still lossless
-        self.session = ort.InferenceSession(str(root / entry.graph), session_options(threads, self.kernel, self.weights),
+        # an int4 target with int8 activations: its MatMulNBits on specexport's kernel (kernels/matmul4.c)
+        self.nbits = bool(self.kernel and entry.activations == "int8" and kernels.matmul4_on(self.kernel))
+        self.session = ort.InferenceSession(str(root / entry.graph),
+                                            session_options(threads, self.kernel, self.weights, self.nbits),
                                             providers=providers or ["CPUExecutionProvider"])
-        self.pad_decode = entry.pad_decode  # 1-token calls of one row get a pad token (`pad_decode`)
+        # 1-token calls of one row get a pad token (`pad_decode`): not on specexport's MatMulNBits, whose rows (like
+        # its attention kernel's) score alike however many share a call
+        self.pad_decode = entry.pad_decode and not self.nbits
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",
                          "bf16dot": "bfloat16 activations and weights at the weight MatMuls"}.get(
             self.weights, f"{entry.activations or 'float32'} activations")
@@ -254,7 +259,7 @@ class OrtBackend(BackendBase):
 
             try:
                 sess = ort.InferenceSession(str(self.root / self.entry.mixed["graph"]),
-                                            session_options(None, self.kernel, self.weights),
+                                            session_options(None, self.kernel, self.weights, self.nbits),
                                             providers=self.session.get_providers())
             except Exception as e:  # noqa: BLE001 -- whatever onnxruntime raises on a bad graph
                 raise BundleError(f"{self.entry.mixed['graph']}: onnxruntime cannot load the mixed graph "
@@ -372,7 +377,8 @@ def bind_cache(io, views):
 _POOL: list = []  # the size of onnxruntime's global thread pool, once set
 
 
-def session_options(threads: int | None = None, kernel: str | None = None, weights: str = "float32"):
+def session_options(threads: int | None = None, kernel: str | None = None, weights: str = "float32",
+                    nbits: bool = False):
     """SessionOptions of every CPU session the runtime opens (and scripts that open their own beside it): on
     onnxruntime's ONE global intra-op thread pool, whose size the first call of the process sets (`threads`,
     else $SPECEXPORT_THREADS, else the CPU count). A target and its draft, or a target's step and mixed graphs,
@@ -381,7 +387,7 @@ def session_options(threads: int | None = None, kernel: str | None = None, weigh
     did not spin paid a wake-up per parallel section (+23%). Shared threads do neither. `kernel`: the path of
     specexport's kernel library (kernels.library) to register, or None; `weights` "bf16": its MatMul packs the
     weights as bfloat16, "bf16dot": as bfloat16 pairs for VDPBF16PS (the caller checks kernels.matmul_on and
-    matmul_dot first)."""
+    matmul_dot first); `nbits`: its MatMulNBits for int4 weights with int8 activations (kernels.matmul4_on)."""
     import onnxruntime as ort
     import onnxruntime.capi._pybind_state as C
 
@@ -394,6 +400,8 @@ def session_options(threads: int | None = None, kernel: str | None = None, weigh
     if kernel:
         if weights in ("bf16", "bf16dot"):  # read by the library as it registers its ops (kernels/gqa.c)
             so.add_session_config_entry("specexport.matmul_weights", weights)
+        if nbits:
+            so.add_session_config_entry("specexport.matmul_nbits", "int8")
         so.register_custom_ops_library(kernel)
         kernels.set_threads(kernel, _POOL[0])
     return so

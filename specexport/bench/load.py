@@ -73,7 +73,7 @@ class Load:
         draft, k, tag = parse_se(meth)
         pipe, n = self.pipes[tag], self.cfg.max_new_tokens
         biggest = max(pipe.manifest.batch_sizes)
-        pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])  # each run learns from nothing
+        pipe.successors = pipe.fresh_table()  # each run starts from the bundle's seeded table (or an empty one)
         pipe.start_engine(max_batch=min(level, biggest), max_queue=len(prompts), prefill_budget=self.cfg.prefill_budget)
         pipe.submit(prompts[0][:16], max_new_tokens=2, draft=draft, k=k, **self.sampling).wait()  # warm-up
         out: list = [None] * len(prompts)

@@ -99,7 +99,7 @@ class Methods:
 
     def restore(self, method: str, state) -> None:
         if state is None:
-            self.tables.pop(method, None)  # the next run starts with an empty table, as the first did
+            self.tables.pop(method, None)  # the next run starts with a fresh table, as the first did
         else:
             self.tables[method] = state
 
@@ -119,8 +119,9 @@ class Methods:
         draft, k, tag = parse_se(method)
         pipe = self.pipes[tag]
         if draft == "recycle":  # never the table of another method that just generated this answer
-            fresh = type(pipe.successors)  # the runtime's SuccessorTable, wherever it lives
-            pipe.successors = self.tables.setdefault(method, fresh(pipe.successors.succ.shape[0]))
+            if method not in self.tables:  # the bundle's seeded table (a copy), else an empty one
+                self.tables[method] = pipe.fresh_table()
+            pipe.successors = self.tables[method]
         t = time.perf_counter()
         g = pipe.generate(ids, max_new_tokens=n, draft=draft, k=k, temperature=self.cfg.temperature,
                           top_p=self.cfg.top_p, seed=self.cfg.seed)

@@ -92,6 +92,9 @@ class BuildConfig:
     # single-sequence groups of the mixed graph (a fused float32 target with B > 1: the engine's call of decode
     # rows + a prefill chunk or verify tree); 0: no mixed graph
     mixed_groups: int = 1
+    # new tokens per prompt of the generation that seeds the recycle drafter's successor table (exporter/seed.py);
+    # 0: no seeded table, every pipeline starts with an empty one
+    seed_tokens: int = 256
 
     def __post_init__(self):
         if not self.ks or any((not isinstance(k, int)) or k < 1 for k in self.ks):
@@ -138,6 +141,10 @@ class BuildConfig:
         if not (isinstance(self.mixed_groups, int) and not isinstance(self.mixed_groups, bool)
                 and 0 <= self.mixed_groups <= 4):
             raise ValueError(f"--mixed-groups must be an integer in [0, 4], got {self.mixed_groups!r}")
+
+        if not (isinstance(self.seed_tokens, int) and not isinstance(self.seed_tokens, bool)
+                and 0 <= self.seed_tokens <= 4096):
+            raise ValueError(f"--seed-tokens must be an integer in [0, 4096], got {self.seed_tokens!r}")
 
     def resolved(self) -> "BuildConfig":
         """This config with the defaults that depend on other options filled in: the attention kind and the
@@ -408,10 +415,22 @@ def _build_into(cfg: BuildConfig, root: Path, log, bars: Bars) -> Manifest:
                                                                        cfg.engine_precision, log))
     tok = copy_tokenizer(t_path, root / "tokenizer", t_hf)
     timings["total_s"] = round(time.perf_counter() - t_start, 1)
-    return _write_manifest(cfg, root, entries, tok, timings, log)
+    m = _write_manifest(cfg, root, entries, tok, timings)
+    if cfg.seed_tokens and m.target.speculative:  # the runtime on the bundle as written: its manifest first
+        from .seed import seed
+
+        t = time.perf_counter()
+        info = seed(root, cfg.seed_tokens, log)
+        timings["seed_s"] = round(time.perf_counter() - t, 1)
+        timings["total_s"] = round(time.perf_counter() - t_start, 1)
+        m = dataclasses.replace(m, files={**m.files, info["file"]: bundle.sha256(root / info["file"])},
+                                successors=info, build={**m.build, "seed_tokens": cfg.seed_tokens, "timings": timings})
+        (root / bundle.MANIFEST).write_text(m.to_json())
+    log(f"built in {timings['total_s']:.0f} s, {sum((root / f).stat().st_size for f in m.files) / 1e6:.0f} MB")
+    return m
 
 
-def _write_manifest(cfg: BuildConfig, root: Path, entries: dict, tok: dict, timings: dict, log) -> Manifest:
+def _write_manifest(cfg: BuildConfig, root: Path, entries: dict, tok: dict, timings: dict) -> Manifest:
     """manifest.json: every file of root hashed, the build's options and timings."""
     S = cfg.capacity
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
@@ -429,6 +448,4 @@ def _write_manifest(cfg: BuildConfig, root: Path, entries: dict, tok: dict, timi
                             + ("; fused: present_key/value.{i} alias the past buffers (slots n..n+T-1 written)"
                                if cfg.attention == "fused" else "")})
     (root / bundle.MANIFEST).write_text(m.to_json())
-    size = sum((root / f).stat().st_size for f in files)
-    log(f"built in {timings['total_s']:.0f} s, {size / 1e6:.0f} MB")
     return m

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = ("gqa.c", "gqa_rows.h", "matmul.c", "ops.h")
+SOURCES = ("gqa.c", "gqa_rows.h", "matmul.c", "matmul4.c", "ops.h")
 HEAD_DIMS = tuple(range(16, 129, 16))  # gqa.c's register-blocked paths
 FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-Wall"]
 log = logging.getLogger("specexport")
@@ -90,6 +90,12 @@ def set_threads(path: str, n: int) -> None:
 def matmul_dot(path: str) -> bool:
     """Whether the library has the bfloat16 dot-product format (built for a CPU with avx512_bf16)."""
     return bool(ctypes.CDLL(path).specexport_matmul_dot())
+
+
+def matmul4_on(path: str) -> bool:
+    """Whether the library has matmul4.c's MatMulNBits (int4 weights, int8 activations; AVX512-VNNI builds) and
+    SPECEXPORT_MATMUL4 does not turn it off."""
+    return bool(ctypes.CDLL(path).specexport_matmul4_on())
 
 
 def matmul_on(path: str, bf16: bool = False) -> bool:

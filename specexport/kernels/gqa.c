@@ -336,6 +336,8 @@ static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size
 
 extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op; /* matmul.c */
 int specexport_matmul_dot(void);
+extern OrtCustomOp specexport_matmul4_op; /* matmul4.c (AVX512-VNNI builds) */
+int specexport_matmul4_on(void);
 
 /* Whether a session gets matmul.c's MatMul: by default where this build has AVX-512; SPECEXPORT_MATMUL=0 off,
  * =1 on anywhere; bfloat16 weights (bf16 = 1) have no other kernel, so on anywhere unless turned off. The
@@ -372,6 +374,14 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   OrtCustomOpDomain *domain;
   TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
   TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
+  /* matmul4.c's MatMulNBits, for an int4 target with int8 activations (backends/ort.py asks for it) */
+  char nbits[16] = "";
+  size_t nlen = sizeof(nbits);
+  OrtStatus *ns = ort->GetSessionConfigEntry(options, "specexport.matmul_nbits", nbits, &nlen);
+  if (ns) ort->ReleaseStatus(ns), nbits[0] = 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (!strcmp(nbits, "int8") && specexport_matmul4_on()) TRY(ort->CustomOpDomain_Add(domain, &specexport_matmul4_op));
+#endif
   TRY(ort->AddCustomOpDomain(options, domain));
   /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them (backend onnxruntime-bf16) */
   char val[16] = "";

@@ -86,6 +86,7 @@ static int parts(void) {
   }
   return parts_;
 }
+int specexport_parts(void) { return parts(); } /* matmul4.c splits its calls the same way */
 
 /* y[r, VL j .. VL j + VL) for r < R (<= RB), j < NVEC (<= PV): the chain over k0 .. k1 of x's rows and a panel's vectors,
  * carried on from y when k0 > 0 (exactly: a float stored and loaded is the same float); `w` is the panel at row

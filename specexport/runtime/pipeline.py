@@ -46,9 +46,16 @@ class Pipeline:
         tk = m.tokenizer
         self.tokenizer = validate.tokenizer(self.root, m)
         self.eos = set(tk["eos_token_ids"])
-        self.successors = SuccessorTable(m.target.arch["vocab_size"])  # the recycle drafter's, kept across calls
+        self.seed = validate.successors(self.root, m)  # the bundle's seeded successor table, or None
+        self.successors = self.fresh_table()  # the recycle drafter's, kept across calls
         self._template = None  # the compiled chat template
         self._engine: Engine | None = None
+
+    def fresh_table(self) -> SuccessorTable:
+        """A successor table as this pipeline starts with: a copy of the bundle's seeded one, else empty."""
+        if self.seed is None:
+            return SuccessorTable(self.manifest.target.arch["vocab_size"])
+        return self.seed.copy()
 
     # ---- text <-> ids
     def encode(self, prompt, chat: bool = False) -> list[int]:

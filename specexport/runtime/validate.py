@@ -244,6 +244,23 @@ def tokenizer(root: Path, m: bundle.Manifest):
     return tok
 
 
+def successors(root: Path, m: bundle.Manifest):
+    """The bundle's seeded successor table (the recycle drafter's, build-time), or None when it has none."""
+    import io
+
+    from .drafters import SuccessorTable
+
+    if not m.successors:
+        return None
+    name, V = m.successors["file"], m.target.arch["vocab_size"]
+    data = bundle.read_bytes(root, name, m.sizes.get(name, MAX_TOKENIZER_BYTES))
+    try:
+        return SuccessorTable.from_array(np.load(io.BytesIO(data), allow_pickle=False), V)
+    except (ValueError, EOFError, OSError) as e:  # np.load's for a foreign or truncated file, from_array's
+        raise BundleError(f"successor table {name} (successors.file) cannot be loaded: {e}: rebuild the bundle, "
+                          "or rebuild it with --seed-tokens 0 for none") from None
+
+
 def _ints(x) -> list:
     """Every integer in a parsed JSON value."""
     if isinstance(x, dict):

@@ -63,6 +63,41 @@ class SuccessorTable:
             for n in range(2, min(len(c), self.ORDERS) + 1):
                 self.ctx[c[-n:]] = t
 
+    def copy(self) -> "SuccessorTable":
+        t = SuccessorTable(self.succ.shape[0], self.width, self.max_entries)
+        t.succ[:] = self.succ
+        t.ctx = dict(self.ctx)  # its values are tuples: shared, never changed in place
+        return t
+
+    def to_array(self) -> np.ndarray:
+        """The table as int32 rows [context (3 tokens, -1 before a shorter one), top-w]: the order-1 rows that
+        hold something, then the longer contexts (`from_array` reads it back)."""
+        w, rows = self.width, np.flatnonzero(self.succ[:, 0] >= 0)
+        one = np.concatenate([np.full((len(rows), 2), -1), rows[:, None], self.succ[rows]], axis=1)
+        more = [(-1,) * (3 - len(c)) + c + t for c, t in self.ctx.items()]
+        return np.concatenate([one, np.array(more, dtype=np.int64).reshape(-1, 3 + w)]).astype(np.int32)
+
+    @classmethod
+    def from_array(cls, a: np.ndarray, vocab: int) -> "SuccessorTable":
+        """A table from `to_array`'s rows; ValueError naming what is wrong with rows that are not such a table
+        (a bundle's file is untrusted input)."""
+        if a.dtype != np.int32 or a.ndim != 2 or a.shape[1] <= 3:
+            raise ValueError(f"must be int32 rows of 3 context tokens + successors, got {a.dtype} {a.shape}")
+        t = cls(vocab, width=a.shape[1] - 3)
+        if not 1 <= t.width <= 64 or len(a) > vocab + t.max_entries:
+            raise ValueError(f"{a.shape[1] - 3} successors per row or {len(a)} rows is out of range "
+                             f"(1..64, at most {vocab + t.max_entries})")
+        if a.size and (a.min() < -1 or a.max() >= vocab):
+            raise ValueError(f"token ids must lie in [-1, {vocab}), found {a.min()}..{a.max()}")
+        key, top = a[:, :3], a[:, 3:]
+        n = (key >= 0).sum(axis=1)  # context length: -1s come first, then 1-3 tokens
+        if ((key >= 0) != (np.arange(3) >= 3 - n[:, None])).any() or (n == 0).any():
+            raise ValueError("a context must be 1-3 token ids after its -1 padding")
+        one = n == 1
+        t.succ[key[one, 2]] = top[one]
+        t.ctx = {tuple(k[3 - m:]): tuple(v) for k, v, m in zip(key[~one].tolist(), top[~one].tolist(), n[~one])}
+        return t
+
     def candidates(self, context: tuple, limit: int = 0) -> list:
         """[(kind, token)]: longest context first; kind = (order - 1) * w + rank; a token only once; at most
         `limit` (0 = all)."""

@@ -1,0 +1,266 @@
+/* MatMulNBits (com.microsoft) for a quantised target with int4 weights and int8 activations (`--quantize-target
+ * int4 --target-activations int8`): Y [..., N] = A [..., K] x dequant(B), B 4-bit [N, K / 32, 16] symmetric (the
+ * value q - 8, no zero points), one float32 scale per column and block of 32 k. Registered only for sessions
+ * whose options carry specexport.matmul_nbits=int8 (backends/ort.py sets it for such targets), on CPUs with
+ * AVX512-VNNI.
+ *
+ * Why: onnxruntime's int8 path of MatMulNBits ran a SmolLM2 decode step at 2.6-4.3x the time its weights take
+ * to read, and each verify row cost ~6% of a step (docs/benchmarks.md, issue 17's int4 tables). Here the weights
+ * are repacked once, at session creation, so that one 64-byte load holds 16 columns x 8 k as nibbles: byte i of
+ * lane c holds k = 8j + i (low nibble) and 8j + 4 + i (high nibble); two masks make the u8 operands of two
+ * VPDPBUSD, each 16 columns x 4 k of multiply-adds against 4 broadcast int8 activations. A thread owns a
+ * contiguous range of 16-column groups and streams their weights once per call, whatever the rows.
+ *
+ * Numerics (this defines the int4-a8 target when the kernel runs): each row's activations are quantised per
+ * block of 32 k on their own (scale max|a| / 127, round to nearest even), the block's products summed exactly
+ * in int32, minus 8 x the block's activation sum, converted to float and added as fma(dot, a_scale x w_scale,
+ * y) block after block in order. Every step depends on the row alone, so a row's output is bit-identical
+ * whatever rows share its call: verify rows score exactly as decode rows, trees included. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "ops.h"
+
+int specexport_parts(void);
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QB 32 /* k per block (the bundle's block_size) */
+#define GC 16 /* columns per group: one vector of int32 lanes */
+#define NG 4  /* groups per panel: 4 independent chains of VPDPBUSD per row, 64 columns */
+#define RB4 3 /* rows per register block: 3 x 4 int32 and 3 x 4 float accumulators */
+
+typedef struct {
+  uint8_t *w; /* [panels][blocks][4 (j)][NG][64]: see the header */
+  float *s;   /* [panels][blocks][NG * GC] */
+  int64_t K, N, nb, np;
+} Kernel;
+
+typedef struct {
+  const Kernel *k;
+  const int8_t *qa;    /* [M][nb * QB] */
+  const float *sa;     /* [M][nb] */
+  const int32_t *asum; /* [M][nb]: 8 x the block's sum of activations */
+  float *y;
+  int64_t M, nparts;
+} Call;
+
+/* y[r0 .. r0 + R) x panel p's 64 columns: R a constant per instance, so the accumulators stay in registers */
+#define ROWS(R)                                                                                               \
+  static void rows##R(const Kernel *k, const Call *c, int64_t p, int64_t r0) {                              \
+    const int64_t nb = k->nb, Kp = nb * QB;                                                                 \
+    const __m512i m4 = _mm512_set1_epi8(0x0f);                                                              \
+    __m512 acc[R][NG];                                                                                      \
+    for (int r = 0; r < R; r++)                                                                             \
+      for (int i = 0; i < NG; i++) acc[r][i] = _mm512_setzero_ps();                                         \
+    const uint8_t *w = k->w + p * nb * 256 * NG;                                                            \
+    const float *s = k->s + p * nb * GC * NG;                                                               \
+    for (int64_t b = 0; b < nb; b++) {                                                                      \
+      __m512i d[R][NG];                                                                                     \
+      for (int r = 0; r < R; r++)                                                                           \
+        for (int i = 0; i < NG; i++) d[r][i] = _mm512_setzero_si512();                                      \
+      for (int j = 0; j < 4; j++, w += 64 * NG) {                                                           \
+        __m512i a0[R], a1[R];                                                                               \
+        for (int r = 0; r < R; r++) {                                                                       \
+          const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + b * QB + 8 * j);                     \
+          a0[r] = _mm512_set1_epi32(q[0]), a1[r] = _mm512_set1_epi32(q[1]);                                 \
+        }                                                                                                   \
+        for (int i = 0; i < NG; i++) {                                                                      \
+          __m512i v = _mm512_load_si512((const void *)(w + 64 * i));                                        \
+          __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);         \
+          for (int r = 0; r < R; r++) {                                                                     \
+            d[r][i] = _mm512_dpbusd_epi32(d[r][i], lo, a0[r]);                                              \
+            d[r][i] = _mm512_dpbusd_epi32(d[r][i], hi, a1[r]);                                              \
+          }                                                                                                 \
+        }                                                                                                   \
+      }                                                                                                     \
+      for (int r = 0; r < R; r++) {                                                                         \
+        int64_t x = (r0 + r) * nb + b;                                                                      \
+        __m512i z = _mm512_set1_epi32(c->asum[x]);                                                          \
+        __m512 sa = _mm512_set1_ps(c->sa[x]);                                                               \
+        for (int i = 0; i < NG; i++) {                                                                      \
+          __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(d[r][i], z));                                    \
+          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + (b * NG + i) * GC), sa), acc[r][i]); \
+        }                                                                                                   \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (int i = 0; i < NG; i++) {                                                                          \
+      int64_t n0 = (p * NG + i) * GC, cols = k->N - n0 < GC ? k->N - n0 : GC;                               \
+      if (cols <= 0) break;                                                                                 \
+      __mmask16 mask = cols == GC ? 0xffff : (__mmask16)((1u << cols) - 1);                                 \
+      for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(c->y + (r0 + r) * k->N + n0, mask, acc[r][i]);      \
+    }                                                                                                       \
+  }
+ROWS(1)
+ROWS(2)
+ROWS(3)
+static void (*const rows[RB4 + 1])(const Kernel *, const Call *, int64_t, int64_t) = {NULL, rows1, rows2, rows3};
+
+static void part(void *arg, size_t p) {
+  const Call *c = arg;
+  const Kernel *k = c->k;
+  int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
+  /* the rows in blocks of at most RB4, as even as they go (9 rows: 3 x 3, not 3 + 3 + 3 + 0) */
+  int64_t nblk = (c->M + RB4 - 1) / RB4;
+  for (int64_t q = p0; q < p1; q++)
+    for (int64_t i = 0, r = 0; i < nblk; i++) {
+      int64_t r1 = c->M * (i + 1) / nblk;
+      rows[r1 - r](k, c, q, r);
+      r = r1;
+    }
+}
+
+/* each row of x [M, K] as int8 per block of QB k (zero past K), its scales and 8 x its sums */
+static void quantise(const float *x, int64_t M, int64_t K, int64_t nb, int8_t *qa, float *sa, int32_t *asum) {
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t b = 0; b < nb; b++) {
+      const float *a = x + m * K + b * QB;
+      int64_t n = K - b * QB < QB ? K - b * QB : QB;
+      float amax = 0;
+      for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(a[i]));
+      float inv = amax > 0 ? 127.0f / amax : 0.0f;
+      int8_t *q = qa + (m * nb + b) * QB;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < QB; i++) {
+        float v = i < n ? nearbyintf(a[i] * inv) : 0.0f;
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        sum += q[i];
+      }
+      sa[m * nb + b] = amax / 127.0f;
+      asum[m * nb + b] = 8 * sum;
+    }
+}
+
+static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
+  Kernel *k = op;
+  const OrtValue *a;
+  TRY(ort->KernelContext_GetInput(ctx, 0, &a));
+  int64_t ad[8];
+  size_t ar;
+  TRY(dims(a, ad, &ar, 8));
+  if (ar < 1 || ar > 8 || ad[ar - 1] != k->K)
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulNBits (specexport): A's last dimension is not K");
+  int64_t M = 1, yd[8];
+  for (size_t i = 0; i + 1 < ar; i++) M *= ad[i], yd[i] = ad[i];
+  yd[ar - 1] = k->N;
+  OrtValue *y;
+  const float *x;
+  TRY(ort->KernelContext_GetOutput(ctx, 0, yd, ar, &y));
+  TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&x));
+  Call c = {.k = k, .M = M};
+  TRY(ort->GetTensorMutableData(y, (void **)&c.y));
+  if (M == 0) return NULL;
+  int8_t *qa = aligned_alloc(64, (size_t)(M * k->nb * QB));
+  float *sa = malloc(sizeof(float) * M * k->nb);
+  int32_t *asum = malloc(sizeof(int32_t) * M * k->nb);
+  OrtStatus *st = NULL;
+  if (!qa || !sa || !asum) {
+    st = ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): out of memory");
+  } else {
+    quantise(x, M, k->K, k->nb, qa, sa, asum);
+    c.qa = qa, c.sa = sa, c.asum = asum;
+    c.nparts = specexport_parts() < k->np ? specexport_parts() : k->np;
+    if (c.nparts == 1)
+      part(&c, 0);
+    else
+      st = ort->KernelContext_ParallelFor(ctx, part, (size_t)c.nparts, (size_t)c.nparts, &c);
+  }
+  free(qa), free(sa), free(asum);
+  return st;
+}
+
+static OrtStatus *constant(const OrtKernelInfo *info, size_t i, const void **data, int64_t *d, size_t *r) {
+  int is_const = 0;
+  const OrtValue *v = NULL;
+  TRY(ort->KernelInfoGetConstantInput_tensor(info, i, &is_const, &v));
+  if (!is_const || !v) return ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): B and scales must be constants");
+  TRY(dims(v, d, r, 4));
+  return ort->GetTensorMutableData((OrtValue *)v, (void **)data);
+}
+
+static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+  (void)op, (void)api;
+  int64_t K, N, bits, block;
+  TRY(ort->KernelInfoGetAttribute_int64(info, "K", &K));
+  TRY(ort->KernelInfoGetAttribute_int64(info, "N", &N));
+  TRY(ort->KernelInfoGetAttribute_int64(info, "bits", &bits));
+  TRY(ort->KernelInfoGetAttribute_int64(info, "block_size", &block));
+  size_t inputs = 0;
+  TRY(ort->KernelInfo_GetInputCount(info, &inputs));
+  if (bits != 4 || block != QB || inputs != 3 || K < 1 || N < 1)
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulNBits (specexport): only 4-bit weights in blocks of 32 "
+                                                   "without zero points are taken: set SPECEXPORT_MATMUL4=0");
+  const uint8_t *B;
+  const float *S;
+  int64_t bd[4], sd[4];
+  size_t br, sr;
+  TRY(constant(info, 1, (const void **)&B, bd, &br));
+  TRY(constant(info, 2, (const void **)&S, sd, &sr));
+  int64_t nb = (K + QB - 1) / QB, np = (N + GC * NG - 1) / (GC * NG);
+  if (br != 3 || bd[0] != N || bd[1] != nb || bd[2] != QB / 2 || (sr == 2 ? sd[0] * sd[1] : sr == 1 ? sd[0] : -1) != N * nb)
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulNBits (specexport): B or scales not shaped [N, K/32, 16], [N, K/32]");
+  Kernel *k = calloc(1, sizeof(Kernel));
+  size_t wbytes = (size_t)(np * nb * 256 * NG), sbytes = sizeof(float) * np * nb * GC * NG;
+  if (!k || !(k->w = aligned_alloc(64, wbytes)) || !(k->s = aligned_alloc(64, sbytes))) {
+    if (k) free(k->w), free(k);
+    return ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): out of memory packing a weight");
+  }
+  k->K = K, k->N = N, k->nb = nb, k->np = np;
+  memset(k->w, 0x88, wbytes); /* columns past N: q = 8, the value 0 */
+  memset(k->s, 0, sbytes);
+  for (int64_t n = 0; n < N; n++) {
+    int64_t p = n / (GC * NG), i = n / GC % NG, c = n % GC;
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t *src = B + (n * nb + b) * (QB / 2); /* byte t: k = 2t low nibble, 2t + 1 high */
+      for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+          int k0 = 8 * j + t, k1 = 8 * j + 4 + t;
+          uint8_t q0 = (src[k0 / 2] >> (4 * (k0 & 1))) & 15, q1 = (src[k1 / 2] >> (4 * (k1 & 1))) & 15;
+          k->w[(((p * nb + b) * 4 + j) * NG + i) * 64 + 4 * c + t] = (uint8_t)(q0 | q1 << 4);
+        }
+      k->s[((p * nb + b) * NG + i) * GC + c] = S[n * nb + b];
+    }
+  }
+  *out = k;
+  return NULL;
+}
+
+static void destroy(void *op) {
+  Kernel *k = op;
+  free(k->w), free(k->s), free(k);
+}
+
+static const char *name(const OrtCustomOp *op) { (void)op; return "MatMulNBits"; }
+static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+static ONNXTensorElementDataType out_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
+static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return INPUT_OUTPUT_REQUIRED; }
+static int since(const OrtCustomOp *op) { (void)op; return 1; }
+static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
+
+OrtCustomOp specexport_matmul4_op = {
+    .version = API_VERSION, .GetName = name, .GetExecutionProviderType = provider, .GetInputType = in_type,
+    .GetInputTypeCount = three, .GetOutputType = out_type, .GetOutputTypeCount = one, .KernelDestroy = destroy,
+    .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = mem_type,
+    .CreateKernelV2 = create, .KernelComputeV2 = compute, .GetStartVersion = since, .GetEndVersion = until,
+};
+#endif
+
+/* whether sessions that ask for it (specexport.matmul_nbits=int8) get this kernel: AVX512-VNNI builds, unless
+ * SPECEXPORT_MATMUL4=0 */
+int specexport_matmul4_on(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const char *e = getenv("SPECEXPORT_MATMUL4");
+  return !(e && !strcmp(e, "0"));
+#else
+  return 0;
+#endif
+}

@@ -1,0 +1,140 @@
+"""specexport's MatMulNBits (specexport/kernels/matmul4.c), int4 weights and int8 activations, on real onnxruntime
+sessions: one-node graphs against the documented arithmetic, its rows' independence from their call, and an
+int4-a8 bundle built from a tiny checkpoint whose speculation stays token-identical to its plain decoding."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import specexport
+from conftest import build_bundle
+from specexport import kernels
+from specexport.backends.ort import session_options
+
+
+@pytest.fixture(autouse=True)
+def vnni():
+    if kernels.compiler() is None:
+        pytest.skip("no C compiler here (.ci/run installs gcc): specexport's kernels cannot be built")
+    lib = kernels.library(64)
+    if lib is None or not kernels.matmul4_on(lib):
+        pytest.skip("this CPU has no AVX512-VNNI: the int4 kernel is not built and onnxruntime's MatMulNBits runs")
+
+
+def quantised(K: int, N: int, seed: int):
+    """Random 4-bit weights as MatMulNBits takes them (B [N, K/32, 16]: k = 2i in byte i's low nibble, 2i + 1 in
+    its high; scales [N, K/32]) and the nibbles q [N, K] themselves."""
+    nb = -(-K // 32)
+    rng = np.random.default_rng(seed)
+    q = np.zeros((N, nb * 32), np.uint8)
+    q[:, :K] = rng.integers(0, 16, (N, K))
+    B = (q[:, 0::2] | q[:, 1::2] << 4).reshape(N, nb, 16).astype(np.uint8)
+    S = (rng.random((N, nb)) * 0.02 + 1e-3).astype(np.float32)
+    return B, S, q
+
+
+def session(tmp_path, K, N, B, S, nbits=True, level=4):
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=K, N=N, bits=4,
+                            block_size=32, accuracy_level=level)
+    g = helper.make_graph([node], "mm4", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+                          [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")])
+    path = tmp_path / f"mm4-{K}-{N}-{nbits}-{level}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
+              path)
+    return ort.InferenceSession(str(path), session_options(None, kernels.library(64), "float32", nbits),
+                                providers=["CPUExecutionProvider"])
+
+
+def reference(x: np.ndarray, q: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """The kernel's arithmetic in float64: each row's activations per block of 32 as int8 (max|a| / 127, to
+    nearest even), exact int32 block sums of (q - 8) x qa, scaled by both scales and summed over the blocks."""
+    M, K = x.shape
+    nb = S.shape[1]
+    a = np.zeros((M, nb * 32), np.float32)
+    a[:, :K] = x
+    a = a.reshape(M, nb, 32)
+    amax = np.abs(a).max(-1)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    qa = np.clip(np.rint(a * inv[..., None]), -127, 127)
+    w = q.astype(np.float64).reshape(-1, nb, 32) - 8
+    dots = np.einsum("mbk,nbk->mnb", qa, w)
+    return (dots * (amax / np.float32(127))[:, None, :] * S[None].astype(np.float64)).sum(-1)
+
+
+@pytest.mark.parametrize("K,N", [(64, 1), (64, 17), (96, 64), (80, 100), (576, 130), (1536, 70)])
+def test_matmul4_is_the_documented_arithmetic(tmp_path, K, N):
+    """Every panel shape (a partial last group and panel, a partial last block of k), 1 to 9 rows: within float
+    rounding of the documented int8 x int4 arithmetic, and within the int8 activations' error of the float32
+    product with the dequantised weights."""
+    B, S, q = quantised(K, N, K + N)
+    s = session(tmp_path, K, N, B, S)
+    W = (q[:, :K].astype(np.float32) - 8) * np.repeat(S, 32, axis=1)[:, :K]
+    rng = np.random.default_rng(N)
+    for M in (1, 2, 3, 4, 7, 9):
+        x = rng.standard_normal((M, K), dtype=np.float32)
+        x[0, :5] = 0  # a block may start with zeros; a whole zero row is checked below
+        y = s.run(None, {"A": x})[0]
+        ref = reference(x, q, S)
+        assert y.shape == (M, N) and np.abs(y - ref).max() <= 1e-5 * (1 + np.abs(ref).max()), (M, K, N)
+        assert np.abs(y - x @ W.T).max() <= 0.02 * np.abs(x @ W.T).max() + 1e-4
+    assert not s.run(None, {"A": np.zeros((2, K), np.float32)})[0].any()
+
+
+def test_matmul4_rows_do_not_depend_on_their_call(tmp_path):
+    """A row's output is bit-identical alone, in any position of a call, beside any other rows: what lets
+    an int4-a8 target verify trees exactly."""
+    K, N = 576, 300
+    B, S, _ = quantised(K, N, 1)
+    s = session(tmp_path, K, N, B, S)
+    x = np.random.default_rng(2).standard_normal((11, K), dtype=np.float32)
+    alone = np.concatenate([s.run(None, {"A": x[i:i + 1]})[0] for i in range(11)])
+    for rows in (x, x[::-1], np.concatenate([x[3:5], x])):
+        y = s.run(None, {"A": rows})[0]
+        for i, r in enumerate(rows):
+            j = next(j for j in range(11) if (x[j] == r).all())
+            assert (y[i] == alone[j]).all()
+
+
+def test_matmul4_only_where_asked_and_its_off_switch(tmp_path, monkeypatch):
+    """Sessions without specexport.matmul_nbits run onnxruntime's MatMulNBits (a float32-activation target's
+    stays float32); SPECEXPORT_MATMUL4=0 turns it off everywhere."""
+    K, N = 96, 40
+    B, S, q = quantised(K, N, 3)
+    W = (q[:, :K].astype(np.float32) - 8) * np.repeat(S, 32, axis=1)[:, :K]
+    x = np.random.default_rng(4).standard_normal((3, K), dtype=np.float32)
+    exact = x.astype(np.float64) @ W.T.astype(np.float64)
+    own = session(tmp_path, K, N, B, S, nbits=False, level=1).run(None, {"A": x})[0]  # float32 activations
+    assert np.abs(own - exact).max() <= 1e-5 * np.abs(exact).max()
+    ours = session(tmp_path, K, N, B, S, nbits=True, level=1).run(None, {"A": x})[0]  # asked for: int8 activations
+    assert np.abs(ours - exact).max() > 1e-4 * np.abs(exact).max()
+    assert kernels.matmul4_on(kernels.library(64))
+    monkeypatch.setenv("SPECEXPORT_MATMUL4", "0")
+    assert not kernels.matmul4_on(kernels.library(64))
+
+
+def test_int4_a8_bundle_on_the_kernel_speculates_token_identically(ckpts, tmp_path):
+    """An int4 target with int8 activations built with --pad-decode loads on the kernel without the pad (its rows
+    score alike in any call, measured again at load: drift 0.0), and prompt lookup, token recycling (trees) and
+    the batching engine all give its plain decoding's tokens."""
+    out = build_bundle(tmp_path / "a8", ckpts["target"], ks=(2, 4), target_quant="int4", target_activations="int8",
+                       pad_decode=True)
+    pipe = specexport.load(out)
+    t = pipe.target
+    assert t.nbits and not t.pad_decode and t.entry.verify_drift == 0.0 and t.exact_trees
+    accepted = 0
+    prompts = ("hello world", "one two three one two three one two", "a b c d e f g")
+    plain = {p: pipe.generate(p, max_new_tokens=30, draft="none").token_ids for p in prompts}
+    for p in prompts:
+        for draft in ("ngram", "recycle"):
+            g = pipe.generate(p, max_new_tokens=30, draft=draft, k=4)
+            assert g.token_ids == plain[p], (p, draft)
+            accepted += g.stats.accepted
+    assert accepted > 0
+    pipe.start_engine(max_batch=2, warm=False)
+    try:
+        got = pipe.generate_batch(list(prompts), max_new_tokens=30, draft="recycle")
+        assert [g.token_ids for g in got] == [plain[p] for p in prompts]
+    finally:
+        pipe.close()
