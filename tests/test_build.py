@@ -9,7 +9,7 @@ import pytest
 
 from checkpoints import make_checkpoint
 from conftest import build_bundle
-from specexport import bundle
+from specexport import bundle, kernels
 from specexport.cli import main
 from specexport.exporter.build import BuildConfig, DraftSpec, ParityError
 from specexport.exporter.models import ModelNotFound
@@ -97,6 +97,9 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
     assert pipe.config().draft == "recycle"  # a self-draft is slower than recycle here: not the default
+    # an int4 draft (built at int8 activations) runs specexport's MatMulNBits where it builds (AVX512-VNNI)
+    lib = pipe.target.kernel
+    assert pipe.draft.nbits == (kind == "int4" and bool(lib) and kernels.matmul4_on(lib))
     # an int4/int8 copy reads the target's cache (no prefill, no cache of its own); the output above came that way
     assert shares_cache(pipe.target, pipe.draft) == (kind != "early-exit")
     if kind != "early-exit":
