@@ -92,8 +92,10 @@ class Pipeline:
         speculative = self.target.entry.speculative
         if draft is None:
             # a draft model is worth its cost when it is a separate small checkpoint; a self-draft (int4/int8 copy
-            # or early-exit slice of the target) costs ~half a target step per drafted token on CPU: even reading
-            # the target's cache it stayed below recycle, the best model-free drafter (docs/benchmarks.md)
+            # or early-exit slice of the target) is not the default: on onnxruntime's kernels it cost ~half a target
+            # step per drafted token and stayed below recycle; on specexport's int4 kernel (0.22 of a SmolLM2 step)
+            # it led recycle one request at a time (1.54-1.60x plain against 1.41x) but trailed it on the batching
+            # engine at 1-2 requests (docs/benchmarks.md "A seeded successor table and an int4 kernel")
             separate = self.draft is not None and self.draft.entry.kind == "checkpoint"
             draft = "model" if speculative and separate else self._free_draft()
         if draft != "none" and not speculative:
