@@ -695,6 +695,9 @@ def describe(m: Manifest, root: Path | None = None) -> str:
                          f"vs the fused graph's calls max|dlogit| {e.mixed['max_abs']:.2e}")
     lines.append(f"tokenizer: eos {m.tokenizer['eos_token_ids']}, chat template "
                  f"{'yes' if m.tokenizer.get('chat_template') else 'no'}")
+    seed = m.successors
+    lines.append(f"successor table: {seed['file']}, seeded from {seed['tokens']} tokens on {seed['prompts']} prompts"
+                 if seed else "successor table: none shipped (recycle starts empty)")
     if root is not None:
         size = sum((root / f).stat().st_size for f in m.files)
         lines.append(f"files: {len(m.files)}, {size / 1e6:.0f} MB")

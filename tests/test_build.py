@@ -504,3 +504,5 @@ def test_seeded_successor_table(bundle_noisy, bundle_portable):
     assert {tuple(r) for r in fresh.successors.to_array().tolist()} != shipped
     bare = specexport.load(bundle_portable)
     assert bare.manifest.successors == {} and bare.seed is None and not bare.successors.ctx
+    assert f"seeded from {info['tokens']} tokens on {info['prompts']} prompts" in bundle.describe(pipe.manifest)
+    assert "successor table: none shipped" in bundle.describe(bare.manifest)
