@@ -1,7 +1,8 @@
 """specexport's own CPU kernels for onnxruntime, compiled on first use for the CPU they run on.
 
-gqa.c is GroupQueryAttention as the fused graphs use it, matmul.c their weights' MatMul (why and how: each
-file's header comment, docs/design.md "The attention kernel" and "The weights' MatMul"). `library(head_dim)` gives
+gqa.c is GroupQueryAttention as the fused graphs use it, matmul.c their weights' MatMul, matmul4.c MatMulNBits
+for int4 weights with int8 activations (why and how: each file's header comment, docs/design.md "The attention
+kernel", "The weights' MatMul" and "Quantised targets"). `library(head_dim)` gives
 the path of the shared library to load into a session's options (`register_custom_ops_library`); it registers
 each op under its own domain and name (com.microsoft's GroupQueryAttention, the ONNX domain's MatMul), so the
 graph and the bundle stay as they are and a session without the library runs onnxruntime's kernels.

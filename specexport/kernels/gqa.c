@@ -368,6 +368,13 @@ static OrtCustomOp gqa_op = {
     .KernelComputeV2 = compute,
 };
 
+/* the session option `key` into out (size 16), "" when it is not set (or too long to be one of ours) */
+static void option(const OrtSessionOptions *options, const char *key, char out[16]) {
+  size_t len = 16;
+  OrtStatus *st = ort->GetSessionConfigEntry(options, key, out, &len);
+  if (st) ort->ReleaseStatus(st), out[0] = 0;
+}
+
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
   ort = base->GetApi(API_VERSION);
   if (!ort) return NULL; /* the runtime is older than API 17: nothing registered, its own kernel runs */
@@ -376,18 +383,14 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
   /* matmul4.c's MatMulNBits, for an int4 target with int8 activations (backends/ort.py asks for it) */
   char nbits[16] = "";
-  size_t nlen = sizeof(nbits);
-  OrtStatus *ns = ort->GetSessionConfigEntry(options, "specexport.matmul_nbits", nbits, &nlen);
-  if (ns) ort->ReleaseStatus(ns), nbits[0] = 0;
+  option(options, "specexport.matmul_nbits", nbits);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (!strcmp(nbits, "int8") && specexport_matmul4_on()) TRY(ort->CustomOpDomain_Add(domain, &specexport_matmul4_op));
 #endif
   TRY(ort->AddCustomOpDomain(options, domain));
   /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them (backend onnxruntime-bf16) */
   char val[16] = "";
-  size_t len = sizeof(val);
-  OrtStatus *st = ort->GetSessionConfigEntry(options, "specexport.matmul_weights", val, &len);
-  if (st) ort->ReleaseStatus(st), val[0] = 0; /* not set (or too long to be a format) */
+  option(options, "specexport.matmul_weights", val);
   int bf16 = !strcmp(val, "bf16"), dot = !strcmp(val, "bf16dot") && specexport_matmul_dot();
   if (!specexport_matmul_on(bf16 || dot)) return NULL;
   OrtCustomOpDomain *onnx;

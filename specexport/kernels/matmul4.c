@@ -8,8 +8,9 @@
  * to read, and each verify row cost ~6% of a step (docs/benchmarks.md, issue 17's int4 tables). Here the weights
  * are repacked once, at session creation, so that one 64-byte load holds 16 columns x 8 k as nibbles: byte i of
  * lane c holds k = 8j + i (low nibble) and 8j + 4 + i (high nibble); two masks make the u8 operands of two
- * VPDPBUSD, each 16 columns x 4 k of multiply-adds against 4 broadcast int8 activations. A thread owns a
- * contiguous range of 16-column groups and streams their weights once per call, whatever the rows.
+ * VPDPBUSD, each 16 columns x 4 k of multiply-adds against 4 broadcast int8 activations. Four such groups make
+ * a 64-column panel, so a row has 4 independent accumulator chains (one row alone is not bound by VPDPBUSD's
+ * latency); a thread owns a contiguous range of panels and reads each once per block of up to 3 rows.
  *
  * Numerics (this defines the int4-a8 target when the kernel runs): each row's activations are quantised per
  * block of 32 k on their own (scale max|a| / 127, round to nearest even), the block's products summed exactly
