@@ -134,6 +134,33 @@ def test_draft_model_in_the_engine_drafts_as_solo(bundle_noisy):
     pipe.close(10)
 
 
+@pytest.mark.parametrize("attention", ["fused", "portable"])
+def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
+    """An int4 self-draft on the engine reads the target's pool (kv.SharedPool: no cache, prefill or catch-up
+    of its own, as solo it reads the target's cache): alone it proposes exactly what the solo self-draft does,
+    and beside other requests and drafts every request is its solo self, greedy and Gumbel; the target's
+    committed lengths are the engine's own throughout."""
+    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", attention=attention,
+                                        batch_sizes=(1, 2, 4)))
+    want = [pipe.generate(p, draft="model", k=4, max_new_tokens=24).stats for p in PROMPTS]
+    eng = pipe.start_engine(max_batch=1, max_queue=8)
+    assert eng.drafts.shared and eng.drafts.pool.target is eng.pool
+    got = [c.wait(60).stats for c in [pipe.submit(p, draft="model", k=4, max_new_tokens=24) for p in PROMPTS]]
+    assert [(s.accepted, s.proposed) for s in got] == [(s.accepted, s.proposed) for s in want]
+    assert sum(s.accepted for s in got) > 0
+    pipe.close(10)
+    drafts = ["model", "recycle", "model", "none", "model", "model"]
+    for kw in ({}, dict(temperature=0.8, seed=3)):
+        solo_ids = [solo(pipe, p, max_new_tokens=24, **kw) for p in PROMPTS]
+        pipe.start_engine(max_batch=4, max_queue=8)
+        cs = [pipe.submit(p, max_new_tokens=24, draft=d, k="auto" if i == 4 else 4, **kw)
+              for i, (p, d) in enumerate(zip(PROMPTS, drafts))]
+        assert [c.wait(60).token_ids for c in cs] == solo_ids
+        st = pipe.engine.stats()
+        assert any(B > 1 for B in st["draft_batch"]), st
+        pipe.close(10)
+
+
 def test_gumbel_sampling_matches_solo(bundles):
     pipe = specexport.load(bundles["portable"])
     kw = dict(max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)

@@ -23,7 +23,7 @@ from .costs import Payoff, StepCosts
 from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
-from .drafters import PoolDrafts, RecycleDrafter, RowDraft, Tree
+from .drafters import PoolDrafts, RecycleDrafter, RowDraft, Tree, shares_pool
 from .prefill import chunk_ts, feed_chunk, next_chunk
 from .text import TextStream
 
@@ -152,8 +152,10 @@ class Engine:
         self.budget_max = prefill_budget or PREFILL_CHUNKS_MAX * self.chunk
         self.prefill_budget = prefill_budget or self.chunk  # this iteration's (step() sets the default's)
         self.pool = target.new_pool(self.batch_sizes[-1])
-        # the bundle's draft model (a backend with step_batch), for requests with draft="model": its own pool
-        self.drafts = PoolDrafts(draft, self.pool.rows) if draft is not None else None
+        # the bundle's draft model (a backend with step_batch), for requests with draft="model": its own pool,
+        # or the target's for a self-draft with the target's KV layout
+        self.drafts = None if draft is None else PoolDrafts(draft, self.pool.rows,
+                                                            self.pool if shares_pool(target, draft) else None)
         self.costs = StepCosts()
         # a mixed graph (fused targets): its single-sequence groups carry a prefill chunk beside the decode rows,
         # or let up to groups + 1 requests verify their own drafts in one call; pair_costs prices those calls by

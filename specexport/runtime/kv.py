@@ -244,6 +244,45 @@ class PoolRow(RingKV):
         self.pool.commit(self.r, new_kv, 0, rows)
 
 
+class SharedPool(KVPool):
+    """A self-draft's view of the target's pool (same layers, heads, buckets and layout): each row's committed
+    slots are the target's, and the draft writes its proposals into the free slots after them, which the
+    target's next call overwrites before it reads them. `n` here is the draft's own per row; `sync` sets it
+    to the target's before a step's drafting. It never moves the target's committed lengths or rows."""
+
+    def __init__(self, target: KVPool):
+        self.target, self.free = target, []
+        self.n = target.n.copy()
+        self.high = np.zeros_like(target.n)
+        self._scratch, self._gen = {}, target.generation
+
+    data = property(lambda self: self.target.data)
+    S = property(lambda self: self.target.S)
+    buckets = property(lambda self: self.target.buckets)
+    fixed = property(lambda self: self.target.fixed)
+    rows = property(lambda self: self.target.rows)
+    generation = property(lambda self: self.target.generation)
+
+    @property
+    def scratch(self) -> dict:
+        """The draft backend's bindings of the target's buffer, dropped when the target reallocates it."""
+        if self._gen != self.target.generation:
+            self._scratch, self._gen = {}, self.target.generation
+        return self._scratch
+
+    def sync(self) -> None:
+        self.n[:] = self.target.n
+
+    def reserve(self, n: int) -> None:
+        self.target.reserve(n)
+
+    def shrink(self, need: int) -> None:
+        pass
+
+    def copy_row(self, src: int, dst: int) -> None:
+        self.n[dst] = self.target.n[dst]
+
+
 class SharedKV(RingKV):
     """A self-draft's view of the target's cache (same layers, heads and buckets): it reads the target's
     committed slots and writes its own proposals into the free slots after them, which the target's next
