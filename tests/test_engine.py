@@ -601,7 +601,8 @@ def test_a_chain_priced_out_is_tried_again(bundles, monkeypatch):
         eng.costs.update = lambda *a: None
         c = pipe.submit(prompt, max_new_tokens=40, draft="ngram", k="auto")
         eng.step()
-        eng._active[0].chain_rate = 0.0
+        s = eng._active[0]
+        s.chain_rate = s.chain_hits = 0.0  # no drafted token accepted in its 2 tries
         while eng.step():
             pass
         g = c.wait(1)

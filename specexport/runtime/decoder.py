@@ -93,14 +93,17 @@ class KPolicy:
                  probe: int = 8, decay: float = 0.9):
         self.ks, self.verify_ts, self.costs, self.probe, self.decay = ks, verify_ts, costs, probe, decay
         self.allow_plain = allow_plain  # a draft model that skips steps must catch up later: never plain
-        self.acc, self.prop = 1.0, 2.0  # prior: acceptance 0.5
+        # the per-token acceptance a = acc / tries: a chain's tokens are tried in order until the first miss, so
+        # a step that accepted j of k tried j + 1 of them (k when all were accepted); the share accepted, j / k,
+        # reads a rate of 0.8 at k = 4 as ~0.6 and sizes drafts too short
+        self.acc, self.tries = 1.0, 2.0  # prior: acceptance 0.5
         self.draft_cost: float | None = None  # seconds per drafted token
         self.plain_run = 0
 
     def choose(self) -> int:
         if self.draft_cost is None or ((1, 1) not in self.costs.seen and self.allow_plain):
             return self.ks[0] if self.draft_cost is None else 0  # measure a speculative and a plain step first
-        a = min(self.acc / self.prop, 0.999)
+        a = min(self.acc / self.tries, 0.999)
         best, rate = (0, 1.0 / self.costs.cost(1, 1)) if self.allow_plain else (self.ks[0], 0.0)
         for k in self.ks:
             r = (1 - a ** (k + 1)) / (1 - a) / (k * self.draft_cost + self.costs.cost(1, self.verify_ts[k]))
@@ -111,7 +114,8 @@ class KPolicy:
 
     def update(self, proposed: int, accepted: int, draft_s: float) -> None:
         if proposed:
-            self.acc, self.prop = self.decay * self.acc + accepted, self.decay * self.prop + proposed
+            self.acc = self.decay * self.acc + accepted
+            self.tries = self.decay * self.tries + accepted + (accepted < proposed)
             per = draft_s / proposed
             self.draft_cost = per if self.draft_cost is None else 0.8 * self.draft_cost + 0.2 * per
             self.plain_run = 0

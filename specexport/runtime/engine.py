@@ -41,6 +41,7 @@ MOVE_MIN_LEFT = 4
 # offered a chain and verified none of it (its rate priced it out) pulls the rate this far towards the prior
 # 0.5, so that a request whose drafts missed for a while tries them again later instead of never
 CHAIN_PRIOR_PULL = 0.05
+CHAIN_DECAY = 0.8  # the weight of a chain's past steps in its running acceptance, per verified step
 
 
 class Completion:
@@ -104,7 +105,9 @@ class Sequence:
     row: int = -1
     cache: object = None  # the row as a RingKV (prefill chunks)
     fed: int = 0  # prompt tokens already in the cache
-    chain_rate: float = 0.5  # running acceptance of an ngram chain (its node scores: rate ** depth)
+    chain_rate: float = 0.5  # running per-token acceptance of a chain (ngram, model; node scores: rate ** depth)
+    chain_hits: float = 1.0  # its running sums: drafted tokens accepted, and tokens tried (prior: 1 of 2)
+    chain_tries: float = 2.0
     emitted: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
@@ -649,10 +652,16 @@ class Engine:
         if isinstance(s.drafter, RecycleDrafter):
             s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[b])
         elif s.drafter is not None and n > 1:
+            # a chain's tokens are tried in order until the first miss: a accepted of n - 1 tried a + 1 of them
+            # (a when all were accepted), and the per-token rate is hits / tries (the geometric law's estimate;
+            # a / (n - 1), the share accepted, read a rate of 0.8 at k = 4 as ~0.6 and sized drafts too short)
             a = len(emitted) - 1
-            s.chain_rate = 0.8 * s.chain_rate + 0.2 * (a / (n - 1))
+            s.chain_hits = CHAIN_DECAY * s.chain_hits + a
+            s.chain_tries = CHAIN_DECAY * s.chain_tries + a + (a < n - 1)
+            s.chain_rate = s.chain_hits / s.chain_tries
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
-            s.chain_rate += CHAIN_PRIOR_PULL * (0.5 - s.chain_rate)
+            s.chain_hits += CHAIN_PRIOR_PULL * (0.5 * s.chain_tries - s.chain_hits)
+            s.chain_rate = s.chain_hits / s.chain_tries
         a = len(emitted) - 1
         st.steps += 1
         st.proposed += n - 1
