@@ -197,8 +197,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", choices=["model", "ngram", "recycle", "none"], default=None,
                    help="who proposes: the bundle's draft model, prompt lookup (ngram), a token-recycling + prompt "
                    "lookup tree verified in one call (recycle; no model), or none = plain decoding "
-                   "(default: model if the bundle's draft is a separate checkpoint, else recycle: a self-draft of the "
-                   "target was slower than recycle in every benchmark here)")
+                   "(default: model if the bundle's draft is a separate checkpoint, or an int4 self-draft where it runs "
+                   "on specexport's int4 kernel (AVX512-VNNI); else recycle)")
     g.add_argument("--k", type=_k, default=None,
                    help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
                    "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay); "

@@ -96,10 +96,17 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
-    assert pipe.config().draft == "recycle"  # a self-draft is slower than recycle here: not the default
     # an int4 draft (built at int8 activations) runs specexport's MatMulNBits where it builds (AVX512-VNNI)
     lib = pipe.target.kernel
     assert pipe.draft.nbits == (kind == "int4" and bool(lib) and kernels.matmul4_on(lib))
+    # the default draft: the int4 self-draft where it runs on that kernel (on the engine with k sized per step),
+    # else recycle (a self-draft on onnxruntime's kernels is slower than recycle)
+    pays = bool(pipe.draft.nbits)
+    assert pipe.config().draft == ("model" if pays else "recycle")
+    c = pipe.submit("hello world", max_new_tokens=4)
+    assert c.request[2].draft == ("model" if pays else "recycle") and (c.request[2].adaptive or not pays)
+    assert c.wait(60).token_ids == plain[:4]
+    pipe.close(10)
     # an int4/int8 copy reads the target's cache (no prefill, no cache of its own); the output above came that way
     assert shares_cache(pipe.target, pipe.draft) == (kind != "early-exit")
     if kind != "early-exit":

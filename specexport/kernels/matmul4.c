@@ -179,7 +179,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     st = ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): out of memory");
   } else {
     c.qa = qa, c.sa = sa, c.asum = asum;
-    /* the rows' quantisation split between the threads too once there are a few (each row's own: any split
+    /* the rows' quantisation split between the threads too for a large call (each row's own: any split
      * gives the same bytes); a 256-row call at K = 1,536 quantised on one thread took ~40% of the call */
     Quant q = {.x = x, .c = &c};
     c.nparts = M * k->K >= (1 << 14) && specexport_parts() > 1 ? specexport_parts() : 1;
@@ -188,11 +188,9 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     else
       st = ort->KernelContext_ParallelFor(ctx, quant_part, (size_t)c.nparts, (size_t)c.nparts, &q);
     c.nparts = specexport_parts() < k->np ? specexport_parts() : k->np;
-    if (st)
-      ;
-    else if (c.nparts == 1)
+    if (!st && c.nparts == 1)
       part(&c, 0);
-    else
+    else if (!st)
       st = ort->KernelContext_ParallelFor(ctx, part, (size_t)c.nparts, (size_t)c.nparts, &c);
   }
   free(qa), free(sa), free(asum);

@@ -91,13 +91,8 @@ class Pipeline:
         ks = self.target.entry.verify_ks()
         speculative = self.target.entry.speculative
         if draft is None:
-            # a draft model is worth its cost when it is a separate small checkpoint; a self-draft (int4/int8 copy
-            # or early-exit slice of the target) is not the default: on onnxruntime's kernels it cost ~half a target
-            # step per drafted token and stayed below recycle; on specexport's int4 kernel (0.22 of a SmolLM2 step)
-            # it led recycle one request at a time (1.54-1.60x plain against 1.41x) but trailed it on the batching
-            # engine at 1-2 requests (docs/benchmarks.md "A seeded successor table and an int4 kernel")
             separate = self.draft is not None and self.draft.entry.kind == "checkpoint"
-            draft = "model" if speculative and separate else self._free_draft()
+            draft = "model" if speculative and (separate or self._self_draft_pays()) else self._free_draft()
         if draft != "none" and not speculative:
             drift = self.target.entry.verify_drift
             why = getattr(self.target, "numerics", None) or f"{self.target.entry.activations} activations"
@@ -117,6 +112,17 @@ class Pipeline:
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, sampler=sampler)
         return DecodeConfig(max_new_tokens=max_new_tokens, k=k, draft=draft, sampling=sp, ngram=ngram,
                             adaptive=adaptive)
+
+    def _self_draft_pays(self) -> bool:
+        """Whether the bundle's self-draft (an int4 copy of the target) is the default draft: where it reads the
+        target's cache and runs specexport's int4 kernel (`nbits`), a drafted token costs ~0.22 of a float32
+        SmolLM2 step and it led recycle solo (1.52-1.62x plain against 1.17-1.24x) and on the batching engine at
+        1, 2 and 4 requests (1.67x / 1.47x / 1.08x plain against 1.44x / 1.35x / 1.02x; level at 8), docs/
+        benchmarks.md "The self-draft on the target's pool". On onnxruntime's kernels it cost ~half a target
+        step per drafted token and stayed below recycle; an early-exit slice has a cache of its own."""
+        d = self.draft
+        return (d is not None and self.target.entry.speculative and d.entry.kind == "int4"
+                and bool(getattr(d, "nbits", False)) and shares_cache(self.target, d))
 
     def _free_draft(self) -> str:
         """The default model-free draft: recycle, or none on a target that cannot speculate."""
@@ -192,8 +198,9 @@ class Pipeline:
     def submit(self, prompt, chat: bool = False, stop: tuple = (), **opts) -> Completion:
         """Queue one request on the batching engine -> Completion (iterate it for text pieces; .generation,
         .cancel(), .wait()). Options as `generate`, validated here before anything is queued. The engine runs
-        the drafts (draft="recycle" by default, "ngram", "model", "none"); with k="auto" (recycle's default)
-        it sizes every step's speculation to the batch. draft="model" (a bundle with a draft model) drafts for
+        the drafts (draft="recycle" by default; "model" with k="auto" by default for an int4 self-draft where it
+        pays, `_self_draft_pays`; "ngram", "none"); with k="auto" (recycle's default) it sizes every step's
+        speculation to the batch. draft="model" (a bundle with a draft model) drafts for
         all such requests in shared draft calls (drafters.PoolDrafts)."""
         validate.option_names(opts, self.config)
         stop = validate.stop(stop)
@@ -201,8 +208,10 @@ class Pipeline:
             raise OptionError(f"the draft model on backend {self.backend!r} runs one sequence per call: in the "
                               "batching engine use draft='recycle', 'ngram' or 'none'; draft='model' runs through "
                               "Pipeline.generate / stream")
-        if opts.get("draft") is None:
-            opts = {**opts, "draft": self._free_draft()}
+        if opts.get("draft") is None:  # an int4 self-draft on the target's pool where it pays (k sized per step)
+            model = self._self_draft_pays() and hasattr(self.draft, "step_batch")
+            opts = {**opts, "draft": "model" if model else self._free_draft(),
+                    **({"k": "auto"} if model and opts.get("k") is None else {})}
         cfg = self.config(**opts)
         ids = self.encode(prompt, chat)
         self._check_fits(ids, cfg)
@@ -231,7 +240,8 @@ class Pipeline:
         ids. stop: stop strings (a string is one). Options, all keyword-only, validated before any work:
           max_new_tokens  int >= 1, default 128
           draft           "model" | "ngram" | "recycle" | "none" | None (default: the draft model when the
-                          bundle's draft is a separate checkpoint, else recycle; none = plain decoding)
+                          bundle's draft is a separate checkpoint, or an int4 self-draft on specexport's
+                          int4 kernel, else recycle; none = plain decoding)
           k               one of the bundle's verify k, or "auto" (chosen per step); default 4, recycle: auto
           temperature     float >= 0, default 0 (greedy); top_k int >= 0 (0 = off); top_p in (0, 1] (1 = off)
           seed            int in [0, 2**63), default 0; sampler "gumbel" (default) | "rejection"
