@@ -1,8 +1,9 @@
 """The engine's speculation guard (runtime/costs.Payoff) on against off: bursts of Spec-Bench prompts through
-the batching engine with recycle and k="auto", the two alternated in one process.
+the batching engine with recycle (or the bundle's draft model: --draft model) and k="auto", the two
+alternated in one process.
 
     python experiments/payoff_ab.py BUNDLE[:BACKEND] [--concurrency 1,8] [--limit 8] [--max-new-tokens 64]
-        [--rounds 2]
+        [--rounds 2] [--draft recycle|model]
 
 Off is the same engine with the guard's pause set to 0 (it never stops speculating). Per concurrency level and
 round: a burst of `limit` prompts at most `level` at a time, on, then off (then off, then on in the next
@@ -19,12 +20,12 @@ import specexport
 from specexport.bench.config import find_questions
 
 
-def burst(pipe, prompts, level, pause, n):
+def burst(pipe, prompts, level, pause, n, draft="recycle"):
     eng = pipe.start_engine(max_batch=level, max_queue=len(prompts))
     eng.payoff.pause = pause
     pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])  # each burst learns from nothing
     t = time.perf_counter()
-    cs = [pipe.submit(p, max_new_tokens=n, draft="recycle", k="auto") for p in prompts]
+    cs = [pipe.submit(p, max_new_tokens=n, draft=draft, k="auto") for p in prompts]
     toks = [c.wait(600).token_ids for c in cs]
     return sum(len(x) for x in toks) / (time.perf_counter() - t), toks, dict(eng.counters.get("batch", {}))
 
@@ -36,6 +37,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--draft", default="recycle", choices=["recycle", "model"])
     a = p.parse_args()
     path, _, backend = a.bundle.partition(":")
     pipe = specexport.load(path, threads=2, backend=backend or "onnxruntime")
@@ -45,7 +47,7 @@ def main() -> None:
         tps, outs = {"on": [], "off": []}, {}
         for r in range(a.rounds):
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                rate, toks, _ = burst(pipe, prompts, level, 32 if mode == "on" else 0, a.max_new_tokens)
+                rate, toks, _ = burst(pipe, prompts, level, 32 if mode == "on" else 0, a.max_new_tokens, a.draft)
                 tps[mode].append(rate)
                 outs.setdefault(mode, toks)
         on, off = np.median(tps["on"]), np.median(tps["off"])
