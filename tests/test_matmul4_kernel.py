@@ -82,6 +82,25 @@ def test_matmul4_is_the_documented_arithmetic(tmp_path, K, N):
     assert not s.run(None, {"A": np.zeros((2, K), np.float32)})[0].any()
 
 
+@pytest.mark.parametrize("K", [100, 1540])
+def test_matmul4_large_calls(tmp_path, K):
+    """Calls large enough that the threads split the rows' quantisation (M x K >= 16,384), with a partial last
+    block of k (4 of 32): the documented arithmetic, each row bit-identical to its one-row call; a NaN in a row
+    gives that row NaN outputs and leaves the others alone."""
+    N = 70
+    B, S, q = quantised(K, N, K)
+    s = session(tmp_path, K, N, B, S)
+    x = np.random.default_rng(K).standard_normal((300, K), dtype=np.float32)
+    y = s.run(None, {"A": x})[0]
+    ref = reference(x, q, S)
+    assert np.abs(y - ref).max() <= 1e-5 * (1 + np.abs(ref).max())
+    for i in (0, 1, 150, 299):
+        assert (s.run(None, {"A": x[i:i + 1]})[0] == y[i]).all()
+    x[7, K - 1] = np.nan
+    z = s.run(None, {"A": x})[0]
+    assert np.isnan(z[7]).all() and (np.delete(z, 7, 0) == np.delete(y, 7, 0)).all()
+
+
 def test_matmul4_rows_do_not_depend_on_their_call(tmp_path):
     """A row's output is bit-identical alone, in any position of a call, beside any other rows: what lets
     an int4-a8 target verify trees exactly."""

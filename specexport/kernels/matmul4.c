@@ -128,13 +128,16 @@ static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t 
       __mmask16 k0 = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1), k1 = n >= QB ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
       __m512 v0 = _mm512_maskz_loadu_ps(k0, a), v1 = _mm512_maskz_loadu_ps(k1, a + 16);
       float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+      /* a NaN in the block makes its scale NaN, so the row's outputs are NaN (the runtime refuses non-finite
+       * logits) rather than finite numbers from whatever the NaN converted to */
+      int nan = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
       __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
       __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), lo), hi);
       __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)), lo), hi);
       int8_t *q = qa + (m * nb + b) * QB;
       _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
-      sa[m * nb + b] = amax / 127.0f;
+      sa[m * nb + b] = nan ? NAN : amax / 127.0f;
       asum[m * nb + b] = 8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
@@ -182,7 +185,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     /* the rows' quantisation split between the threads too for a large call (each row's own: any split
      * gives the same bytes); a 256-row call at K = 1,536 quantised on one thread took ~40% of the call */
     Quant q = {.x = x, .c = &c};
-    c.nparts = M * k->K >= (1 << 14) && specexport_parts() > 1 ? specexport_parts() : 1;
+    c.nparts = M * k->K >= (1 << 14) ? (specexport_parts() < M ? specexport_parts() : M) : 1;
     if (c.nparts == 1)
       quant_part(&q, 0);
     else

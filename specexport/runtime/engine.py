@@ -576,7 +576,8 @@ class Engine:
         """The draft model's proposals for this step's requests with draft="model", all in shared calls
         (PoolDrafts.run), before anyone builds a tree (`_draft` reads them); none when the step can verify
         nothing (`verifies` False: a fused B > 1 call decodes T = 1 only and no verify apart is possible), so
-        the draft falls behind and catches up in chunks when it drafts again."""
+        a draft with a pool of its own falls behind and catches up in chunks when it drafts again (one on the
+        target's pool starts from the target's committed length at every step)."""
         want = [s for s in dec if isinstance(s.drafter, RowDraft)]
         for s in want:
             s.drafter.props = []

@@ -282,6 +282,12 @@ class SharedPool(KVPool):
     def copy_row(self, src: int, dst: int) -> None:
         self.n[dst] = self.target.n[dst]
 
+    def _not_here(self, *a):
+        raise NotImplementedError("a SharedPool's rows are the target pool's: take, free and move them there")
+
+    acquire = release = move = _not_here
+    resident_bytes = peak_bytes = property(lambda self: 0)  # it holds no memory of its own
+
 
 class SharedKV(RingKV):
     """A self-draft's view of the target's cache (same layers, heads and buckets): it reads the target's

@@ -15,7 +15,7 @@ from ..errors import OptionError, PromptTooLong
 from ..backends import open_model
 from .accept import Picker
 from .decoder import DecodeConfig, Stats, generate
-from .drafters import ModelDrafter, NgramDrafter, RecycleDrafter, RowDraft, SuccessorTable, shares_cache
+from .drafters import ModelDrafter, NgramDrafter, RecycleDrafter, RowDraft, SuccessorTable, shares_cache, shares_pool
 from .engine import Completion, Engine, Sequence
 from .text import TextStream
 from .sampling import SamplingParams
@@ -209,7 +209,7 @@ class Pipeline:
                               "batching engine use draft='recycle', 'ngram' or 'none'; draft='model' runs through "
                               "Pipeline.generate / stream")
         if opts.get("draft") is None:  # an int4 self-draft on the target's pool where it pays (k sized per step)
-            model = self._self_draft_pays() and hasattr(self.draft, "step_batch")
+            model = self._self_draft_pays() and shares_pool(self.target, self.draft)
             opts = {**opts, "draft": "model" if model else self._free_draft(),
                     **({"k": "auto"} if model and opts.get("k") is None else {})}
         cfg = self.config(**opts)
