@@ -43,6 +43,7 @@ typedef struct {
 
 typedef struct {
   const Kernel *k;
+  const float *x;      /* the activations [M][K] */
   const int8_t *qa;    /* [M][nb * QB] */
   const float *sa;     /* [M][nb] */
   const int32_t *asum; /* [M][nb]: 8 x the block's sum of activations */
@@ -142,17 +143,10 @@ static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t 
     }
 }
 
-typedef struct {
-  const float *x;
-  Call *c;
-} Quant;
-
 static void quant_part(void *arg, size_t p) {
-  const Quant *q = arg;
-  const Call *c = q->c;
-  const Kernel *k = c->k;
+  const Call *c = arg;
   int64_t m0 = c->M * (int64_t)p / c->nparts, m1 = c->M * ((int64_t)p + 1) / c->nparts;
-  quantise(q->x, m0, m1, k->K, k->nb, (int8_t *)c->qa, (float *)c->sa, (int32_t *)c->asum);
+  quantise(c->x, m0, m1, c->k->K, c->k->nb, (int8_t *)c->qa, (float *)c->sa, (int32_t *)c->asum);
 }
 
 static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
@@ -171,7 +165,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   const float *x;
   TRY(ort->KernelContext_GetOutput(ctx, 0, yd, ar, &y));
   TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&x));
-  Call c = {.k = k, .M = M};
+  Call c = {.k = k, .x = x, .M = M};
   TRY(ort->GetTensorMutableData(y, (void **)&c.y));
   if (M == 0) return NULL;
   int8_t *qa = aligned_alloc(64, (size_t)(M * k->nb * QB));
@@ -184,12 +178,11 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     c.qa = qa, c.sa = sa, c.asum = asum;
     /* the rows' quantisation split between the threads too for a large call (each row's own: any split
      * gives the same bytes); a 256-row call at K = 1,536 quantised on one thread took ~40% of the call */
-    Quant q = {.x = x, .c = &c};
     c.nparts = M * k->K >= (1 << 14) ? (specexport_parts() < M ? specexport_parts() : M) : 1;
     if (c.nparts == 1)
-      quant_part(&q, 0);
+      quant_part(&c, 0);
     else
-      st = ort->KernelContext_ParallelFor(ctx, quant_part, (size_t)c.nparts, (size_t)c.nparts, &q);
+      st = ort->KernelContext_ParallelFor(ctx, quant_part, (size_t)c.nparts, (size_t)c.nparts, &c);
     c.nparts = specexport_parts() < k->np ? specexport_parts() : k->np;
     if (!st && c.nparts == 1)
       part(&c, 0);

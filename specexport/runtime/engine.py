@@ -108,11 +108,15 @@ class Sequence:
     row: int = -1
     cache: object = None  # the row as a RingKV (prefill chunks)
     fed: int = 0  # prompt tokens already in the cache
-    chain_rate: float = 0.5  # running per-token acceptance of a chain (ngram, model; node scores: rate ** depth)
-    chain_hits: float = 1.0  # its running sums: drafted tokens accepted, and tokens tried (prior: 1 of 2)
+    chain_hits: float = 1.0  # a chain's running sums: drafted tokens accepted, and tokens tried (prior: 1 of 2)
     chain_tries: float = 2.0
     emitted: int = 0
     t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def chain_rate(self) -> float:
+        """The running per-token acceptance of a chain (ngram, model; node scores: rate ** depth)."""
+        return self.chain_hits / self.chain_tries
 
     @property
     def prefilled(self) -> bool:
@@ -662,10 +666,8 @@ class Engine:
             a = len(emitted) - 1
             s.chain_hits = CHAIN_DECAY * s.chain_hits + a
             s.chain_tries = CHAIN_DECAY * s.chain_tries + a + (a < n - 1)
-            s.chain_rate = s.chain_hits / s.chain_tries
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
             s.chain_hits += CHAIN_PRIOR_PULL * (0.5 * s.chain_tries - s.chain_hits)
-            s.chain_rate = s.chain_hits / s.chain_tries
         a = len(emitted) - 1
         st.steps += 1
         st.proposed += n - 1
