@@ -160,3 +160,34 @@ def test_kernel_scores_a_token_alike_in_any_call(bundle_noisy):
     model = OrtBackend(bundle_noisy, m.target, m.buckets)
     assert model.kernel
     assert [verify_drifts(model, seed) for seed in (0, 1)] == [(0.0, 0.0)] * 2
+
+
+def test_unpadded_prefill_is_the_padded_one(bundle_noisy, monkeypatch):
+    """On specexport's kernels a single-row call takes any T (`any_t`), so a prompt's last chunk runs unpadded:
+    the prompt's last logits and its cache are bit-identical to those of the profiles' padded plan."""
+    from specexport import bundle
+    from specexport.backends.ort import OrtBackend
+    from specexport.runtime import prefill
+
+    if kernels.compiler() is None:
+        pytest.skip("no C compiler here (.ci/run installs gcc): specexport's kernel cannot be built")
+    monkeypatch.setenv("SPECEXPORT_MATMUL", "1")  # the MatMul kernel whatever this CPU's vector width
+    m = bundle.read(bundle_noisy)
+    model = OrtBackend(bundle_noisy, m.target, m.buckets)
+    assert model.any_t
+    ids = np.random.default_rng(0).integers(3, m.target.arch["vocab_size"], 36).tolist()  # 4 chunks of 8 + 4
+    got = {}
+    for any_t in (True, False):
+        model.any_t, calls, step = any_t, [], model.step
+        model.step = lambda cache, x, *a, **k: calls.append(len(x)) or step(cache, x, *a, **k)
+        cache = model.new_cache()
+        logits, _ = prefill.feed(model, cache, ids)
+        del model.step
+        got[any_t] = logits, cache.data[..., :len(ids), :].copy(), calls
+    (a, ca, ta), (b, cb, tb) = got[True], got[False]
+    assert sum(ta) == len(ids) and not set(ta) <= model.profile_ts  # unpadded: a T that is no profile
+    assert sum(tb) > len(ids) and set(tb) <= model.profile_ts  # padded to the profiles
+    assert np.array_equal(a, b) and np.array_equal(ca, cb)
+    model.any_t = False
+    with pytest.raises(Exception, match="no profile with T="):
+        model.step(model.new_cache(), ids[:7], 0)

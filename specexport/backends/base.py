@@ -77,6 +77,9 @@ class BackendBase:
 
     host_cache = True  # the cache is a numpy array in host memory (device backends: False)
     fixed_pool = False  # True where a call reads only each row's committed slots: its pool is never resized
+    # True where a call of one row may take any T, not only the profiles': its graph is symbolic in T and every
+    # row's numbers are the same whatever T (specexport's kernels), so a prefill feeds its last chunk unpadded
+    any_t = False
 
     def __init__(self, entry: ModelEntry, buckets: list, batch_sizes: list | None = None):
         a = entry.arch
@@ -116,5 +119,5 @@ class BackendBase:
         return B, T
 
     def check_profile(self, T: int) -> None:
-        if T not in self.profile_ts:
+        if T not in self.profile_ts and not (self.any_t and T >= 1):
             raise OptionError(f"{self.entry.role} has no profile with T={T} (built: {sorted(self.profile_ts)})")

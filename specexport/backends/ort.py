@@ -51,6 +51,11 @@ class OrtBackend(BackendBase):
         # 1-token calls of one row get a pad token (`pad_decode`): not on specexport's MatMulNBits, whose rows (like
         # its attention kernel's) score alike however many share a call
         self.pad_decode = entry.pad_decode and not self.nbits
+        # every MatMul and the attention on specexport's kernels: a row sums the same products in the same order
+        # in a call of any T (tests/test_kernels.py), so single-row calls need not be padded to a profile
+        quant = entry.kind in ("int4", "int8")
+        self.any_t = bool(self.fused and self.kernel and (self.nbits or not quant)
+                          and kernels.matmul_on(self.kernel, self.weights != "float32"))
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",
                          "bf16dot": "bfloat16 activations and weights at the weight MatMuls"}.get(
             self.weights, f"{entry.activations or 'float32'} activations")
