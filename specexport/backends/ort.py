@@ -208,7 +208,8 @@ class OrtBackend(BackendBase):
         B, T = ids.shape
         n = pool.n[first:first + B].astype(np.int64)
         prefill = self.fused and B > 1 and T in self.profile_ts and not n.any()
-        if not self.runs_batch(B) or (T not in self.batch_ts(B) and not prefill) or first + B > pool.rows:
+        if (not self.runs_batch(B) or (T not in self.batch_ts(B) and not prefill and not self.any_t)
+                or first + B > pool.rows):
             raise ValueError(f"{self.entry.role} has no batch profile B={B}, T={T} for rows {first}.. (batch "
                              f"sizes {self.batch_sizes}, T {self.batch_ts(B)} at B={B}, T>1 at B>1 on first "
                              f"prefill chunks only)")

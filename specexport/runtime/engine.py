@@ -461,7 +461,7 @@ class Engine:
         only at the last rows of the prompts that chunk completes (every row gets the same T indices)."""
         chunk = self.target.entry.profiles["prefill"]
         lens = [min(s.c.generation.stats.prompt_tokens, chunk) for s in group]
-        T = min(t for t in self.target.profile_ts if t >= max(lens))
+        T = max(lens) if self.target.any_t else min(t for t in self.target.profile_ts if t >= max(lens))
         ids = np.zeros((B, T), dtype=np.int64)
         for s, r in zip(group, lens):
             ids[s.row - r0, :r] = s.ids[:r]
