@@ -512,8 +512,9 @@ def test_the_default_budget_follows_the_prompts_waiting(bundles, budget):
 def test_payoff_pauses_speculation_that_delivers_less_than_plain():
     """runtime/costs.Payoff: a batch size whose speculative calls deliver fewer tokens per row per second than a
     plain call (one token per row per plain call, timed in a run of plain calls) decodes plain for `pause`
-    steps, then tries again from a fresh average; plain calls right after a speculative one (a change of shape)
-    do not move the plain estimate; other batch sizes are not affected."""
+    steps, then tries again from a fresh average (each retry that falls behind again doubles the pause, one
+    that pays resets it); plain calls right after a speculative one (a change of shape) do not move the plain
+    estimate; other batch sizes are not affected."""
     from specexport.runtime.costs import Payoff
 
     p = Payoff(pause=3)
@@ -529,6 +530,16 @@ def test_payoff_pauses_speculation_that_delivers_less_than_plain():
     for _ in range(3):
         p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
     assert p.allows(8) and 8 not in p.rate  # paused 3 plain steps, then a fresh start
+    for pause in (6, 12):  # retries that fall behind again: each pause twice the one before
+        p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
+        for _ in range(pause):
+            assert not p.allows(8)
+            p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
+        assert p.allows(8)
+    p.record(8, 9, 24, 8, 0.200, plain_s=0.100)  # a retry that pays: speculation goes on, the pause back to 3
+    for _ in range(3):  # falls behind later: paused for the first pause's length again
+        p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
+    assert not p.allows(8) and p.plain_left[8] == 3
 
 
 def test_payoff_counts_the_drafting_of_steps_that_chose_plain():

@@ -56,7 +56,8 @@ class Payoff:
     bf16 SmolLM2, against a 55 ms call: a speculating step pays it going to T and coming back, and the cost
     table then prices both T = 1 and T > 1 with it), speculation delivered 0.5-0.8x plain decoding through the
     engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once the average falls below plain,
-    that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average. It
+    that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average; a
+    retry that falls behind again doubles the next pause (up to 16x), one that keeps up resets it. It
     guards B >= MIN_ROWS only (below, `allows` is always true and `record` keeps nothing): one or two rows compete with few others, a (2, 3) call costs about
     what a (1, 5) one does, and pausing there lost: 6% at one row on onnxruntime (0.94x in 4 of 4 interleaved
     rounds, experiments/payoff_ab.py), 6-8% at two (the guard left off below 3 rows: 1.06x / 1.08x the guarded
@@ -67,11 +68,16 @@ class Payoff:
 
     MIN_ROWS = 3  # the smallest batch size guarded
 
+    MAX_DOUBLINGS = 4  # a pause grows to at most pause * 2 ** 4 steps
+
     def __init__(self, smoothing: float = 0.3, pause: int = 32):
         self.smoothing, self.pause = smoothing, pause
         self.rate: dict = {}  # B -> realized tokens per row per second of the steps that drafted
         self.plain: dict = {}  # B -> seconds of a (B, 1) call in a run of them
         self.plain_left: dict = {}  # B -> plain steps left before speculating again
+        # B -> pauses in a row, each after a retry that fell behind plain again: the next pause is twice as long
+        # (where speculation does not pay, every retry is a step or two that costs more than it delivers)
+        self.fails: dict = {}
         self.last = None  # (B, T) of the previous call
 
     def allows(self, B: int) -> bool:
@@ -102,4 +108,7 @@ class Payoff:
             return
         self._ema(self.rate, B, tokens / (rows * (seconds + host)))
         if self.rate[B] < 1 / self.plain[B]:
-            self.plain_left[B] = self.pause
+            self.plain_left[B] = self.pause << min(self.fails.get(B, 0), self.MAX_DOUBLINGS)
+            self.fails[B] = self.fails.get(B, 0) + 1
+        else:
+            self.fails.pop(B, None)
