@@ -159,6 +159,26 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         st = pipe.engine.stats()
         assert any(B > 1 for B in st["draft_batch"]), st
         pipe.close(10)
+    # where the guard acts (B >= 3, guard itself off here) k="auto" drafts nothing while even its best k would
+    # deliver fewer tokens per second than a plain call; with verify calls priced cheap it drafts at 4 rows
+    want = [solo(pipe, p, max_new_tokens=24) for p in PROMPTS[:4]]
+    for verify_cost, drafts_at_4 in ((3.0, False), (1.05, True)):
+        eng = pipe.start_engine(max_batch=4, max_queue=8)
+        eng._thread = True  # driven by hand
+        eng.payoff.allows = lambda B: True
+        eng.costs.seen = {(B, T): 1.0 if T == 1 else verify_cost for B in (1, 2, 4) for T in pipe.target.profile_ts}
+        eng.drafts.costs.seen = {(B, 1): 0.01 for B in (1, 2, 4)}
+        eng.costs.update = eng.drafts.costs.update = lambda *a: None
+        rows, runs, decode, run = {}, [], eng._decode, eng.drafts.run
+        eng._decode = lambda dec, ride=None: rows.update(B=eng.target.batch_for(max(s.row for s in dec) + 1)) or decode(dec, ride)
+        eng.drafts.run = lambda pairs: runs.append(rows["B"]) or run(pairs)
+        cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in PROMPTS[:4]]
+        while eng.step():
+            pass
+        assert [c.wait(1).token_ids for c in cs] == want
+        assert eng.counters["batch"].get(4), eng.counters
+        assert (4 in runs) == drafts_at_4, (runs, eng.counters)
+        pipe.close(10)
 
 
 def test_gumbel_sampling_matches_solo(bundles):

@@ -602,7 +602,10 @@ class Engine:
         """The draft length this step for the requests drafting with the model and k="auto": the k of the built
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
         rate^k over them (rate: each one's running acceptance), per second of the target's (B, T) call plus
-        the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured."""
+        the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured, except
+        where the guard acts (B >= Payoff.MIN_ROWS): there 0 when even the best k delivers fewer tokens per second
+        than a plain call, whose drafts the choice of T would then not verify (a step that drafts k = 2 for 8
+        rows and runs T = 1 pays two draft calls, ~16 ms against a ~24 ms plain call, for nothing)."""
         if not auto:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
@@ -610,7 +613,10 @@ class Engine:
         dc = self.drafts.costs.cost(B, 1)
         rates = [s.chain_rate for s in auto]
         gain = lambda T: sum((1 - r ** T) / (1 - r) if r < 1 else T for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
-        return max(ts, key=gain, default=2) - 1
+        best = max(ts, key=gain, default=2)
+        if B >= self.payoff.MIN_ROWS and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
+            return 0
+        return best - 1
 
     def _drafts(self, dec: list[Sequence], room) -> list[Tree]:
         """Each request's draft tree (`_draft` with room(request)); a request whose drafter raises ends alone
