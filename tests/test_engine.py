@@ -159,10 +159,13 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         st = pipe.engine.stats()
         assert any(B > 1 for B in st["draft_batch"]), st
         pipe.close(10)
-    # where the guard acts (B >= 3, guard itself off here) k="auto" drafts nothing while even its best k would
-    # deliver fewer tokens per second than a plain call; with verify calls priced cheap it drafts at 4 rows
+    # where the guard acts (B >= 3; its pauses off here) and has measured the batch size, k="auto" drafts nothing
+    # while even its best k would deliver fewer tokens per second than a plain call: only the guard's first tries at
+    # 4 rows draft; with verify calls priced cheap the steps at 4 rows draft
+    if attention == "fused" and not pipe.target.kernel:
+        return  # onnxruntime's own attention verifies nothing at B > 1: no drafts to choose (batch_ts)
     want = [solo(pipe, p, max_new_tokens=24) for p in PROMPTS[:4]]
-    for verify_cost, drafts_at_4 in ((3.0, False), (1.05, True)):
+    for verify_cost, few in ((8.0, True), (1.05, False)):  # 8x: not even 5 tokens a row would pay
         eng = pipe.start_engine(max_batch=4, max_queue=8)
         eng._thread = True  # driven by hand
         eng.payoff.allows = lambda B: True
@@ -177,7 +180,9 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
             pass
         assert [c.wait(1).token_ids for c in cs] == want
         assert eng.counters["batch"].get(4), eng.counters
-        assert (4 in runs) == drafts_at_4, (runs, eng.counters)
+        steps_at_4 = eng.counters["batch"][4]
+        # until the guard has measured 4 rows (steps with a prompt riding along are not its) every step drafts
+        assert (runs.count(4) <= steps_at_4 // 2) if few else (runs.count(4) > steps_at_4 // 2), (runs, eng.counters)
         pipe.close(10)
 
 

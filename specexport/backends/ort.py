@@ -44,7 +44,7 @@ class OrtBackend(BackendBase):
         # int4 weights with int8 activations (a target built so, or an int4 draft: drafts are built at level 4):
         # their MatMulNBits on specexport's kernel (kernels/matmul4.c)
         a8 = entry.activations == "int8" or (entry.role == "draft" and entry.kind == "int4")
-        self.nbits = bool(self.kernel and a8 and kernels.matmul4_on(self.kernel))
+        self.nbits = bool(self.kernel and a8 and entry.kind == "int4" and kernels.matmul4_on(self.kernel))
         self.session = ort.InferenceSession(str(root / entry.graph),
                                             session_options(threads, self.kernel, self.weights, self.nbits),
                                             providers=providers or ["CPUExecutionProvider"])

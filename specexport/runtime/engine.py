@@ -240,7 +240,9 @@ class Engine:
         ~1 s per shape for SmolLM2 on 2 cores, which would otherwise land on the first requests' time to first
         token and stall everyone decoding (docs/benchmarks.md). Decode and verify shapes run twice and the
         second call seeds the cost table the choice of T reads. The calls use free rows at n = 0 and commit
-        nothing (a fused call writes only free slots)."""
+        nothing (a fused call writes only free slots). Where the target runs any T (`any_t`), prompts' unpadded
+        remainders make other shapes, each smaller than the largest warmed one: their first calls cost what
+        their second do (2026-12-05, `epyc-zen4`: 220 tokens at 1,280 cached 390 against 380 ms)."""
         t0, tgt, pool = time.perf_counter(), self.target, self.pool
         chunk = tgt.entry.profiles.get("prefill", 1)
         steps = {t for name, t in tgt.entry.profiles.items() if not name.startswith("prefill")}
@@ -533,8 +535,9 @@ class Engine:
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
         if ride is None and any(s.cfg.adaptive for s in dec):  # the guard keeps B >= Payoff.MIN_ROWS only
+            drafted = verify and not paused and any(len(t) > 1 for t in trees)  # else a plain step
             self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1),
-                               host=drafting if verify and not paused else 0.0)
+                               host=drafting if drafted else 0.0)
         self.pool.shrink(self._room())
 
     def _verify_apart(self, dec: list[Sequence]) -> bool:
@@ -603,9 +606,11 @@ class Engine:
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
         rate^k over them (rate: each one's running acceptance), per second of the target's (B, T) call plus
         the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured, except
-        where the guard acts (B >= Payoff.MIN_ROWS): there 0 when even the best k delivers fewer tokens per second
-        than a plain call, whose drafts the choice of T would then not verify (a step that drafts k = 2 for 8
-        rows and runs T = 1 pays two draft calls, ~16 ms against a ~24 ms plain call, for nothing)."""
+        where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B since its last pause: there 0 when
+        even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
+        then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
+        against a ~24 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
+        after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured."""
         if not auto:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
@@ -614,7 +619,8 @@ class Engine:
         rates = [s.chain_rate for s in auto]
         gain = lambda T: sum((1 - r ** T) / (1 - r) if r < 1 else T for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         best = max(ts, key=gain, default=2)
-        if B >= self.payoff.MIN_ROWS and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
+        measured = B >= self.payoff.MIN_ROWS and B in self.payoff.rate  # else below the guard, or its retry
+        if measured and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
             return 0
         return best - 1
 
