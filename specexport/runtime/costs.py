@@ -91,7 +91,7 @@ class Payoff:
         """One call of B rows and T tokens each, `rows` of them requests' rows that emitted `tokens` in all,
         in `seconds`; plain_s: the cost table's (B, 1) call, the first estimate of a plain call at B; host: the
         seconds of drafting before the call (the drafts, the choice of T, the inputs), 0 where nothing was
-        drafted (a paused step). A step that drafted is speculation's, whatever T it chose: its tokens per row
+        drafted (a paused step, or one whose requests had no drafts). A step that drafted is speculation's, whatever T it chose: its tokens per row
         per second of call and drafting go into the average, so drafts made only to choose T = 1 count
         against it too."""
         if B < self.MIN_ROWS:
