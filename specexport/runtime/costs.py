@@ -83,6 +83,10 @@ class Payoff:
     def allows(self, B: int) -> bool:
         return B < self.MIN_ROWS or not self.plain_left.get(B)
 
+    def measured(self, B: int) -> bool:
+        """Whether speculation at B (guarded) has a realized rate since its last pause: its retry has run."""
+        return B in self.rate
+
     def _ema(self, d: dict, key, x: float) -> None:
         d[key] = x if key not in d else (1 - self.smoothing) * d[key] + self.smoothing * x
 
@@ -91,9 +95,9 @@ class Payoff:
         """One call of B rows and T tokens each, `rows` of them requests' rows that emitted `tokens` in all,
         in `seconds`; plain_s: the cost table's (B, 1) call, the first estimate of a plain call at B; host: the
         seconds of drafting before the call (the drafts, the choice of T, the inputs), 0 where nothing was
-        drafted (a paused step, or one whose requests had no drafts). A step that drafted is speculation's, whatever T it chose: its tokens per row
-        per second of call and drafting go into the average, so drafts made only to choose T = 1 count
-        against it too."""
+        drafted (a paused step, or one whose requests had no drafts). A step that drafted is speculation's,
+        whatever T it chose: its tokens per row per second of call and drafting go into the average, so drafts
+        made only to choose T = 1 count against it too."""
         if B < self.MIN_ROWS:
             return
         run, self.last = self.last == (B, T), (B, T)

@@ -535,7 +535,7 @@ class Engine:
             except BaseException as e:  # noqa: BLE001 -- one request's failure ends it alone
                 self._retire(s, "error", e)
         if ride is None and any(s.cfg.adaptive for s in dec):  # the guard keeps B >= Payoff.MIN_ROWS only
-            drafted = verify and not paused and any(len(t) > 1 for t in trees)  # else a plain step
+            drafted = any(len(t) > 1 for t in trees)  # else a plain step (paused or unverifiable steps draft roots)
             self.payoff.record(B, T, sum(s.emitted for s in dec) - before, len(dec), out.run_s, self.costs.cost(B, 1),
                                host=drafting if drafted else 0.0)
         self.pool.shrink(self._room())
@@ -619,8 +619,7 @@ class Engine:
         rates = [s.chain_rate for s in auto]
         gain = lambda T: sum((1 - r ** T) / (1 - r) if r < 1 else T for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         best = max(ts, key=gain, default=2)
-        measured = B >= self.payoff.MIN_ROWS and B in self.payoff.rate  # else below the guard, or its retry
-        if measured and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
+        if self.payoff.measured(B) and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
             return 0
         return best - 1
 

@@ -59,7 +59,7 @@ def next_chunk(model: Backend, left: int, limit: int | None = None) -> tuple[int
     padded 256 (one call where the profiles took three for 200 tokens: 0.85x the time; 2026-12-05, epyc-zen4)."""
     sizes = chunk_ts(model, limit)
     if getattr(model, "any_t", False):  # no padding: the rest of the prompt in one call when it fits
-        T = min(left, max(sizes), limit or left)
+        T = min(left, sizes[-1], limit or left)
         return T, T
     T = sizes[-1] if left >= sizes[-1] else _plans(sizes, getattr(model, "call_cost", CALL_COST))[left]
     return T, min(T, left)
