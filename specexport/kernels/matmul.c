@@ -7,11 +7,14 @@
  * so on a CPU its time is the weights' read from memory, ~11 ms for SmolLM2's layers on 2 cores. onnxruntime's
  * MLAS took 1.3-1.4x its one-row time for 8 rows and 1.7x for 16: it streams its packed weights with no
  * software prefetch, so the memory idles while it computes. Here B is packed once, at session creation, into
- * panels of PW columns x K rows (64 columns with AVX-512), which lie end to end; each thread owns a contiguous
- * share of them and reads them as one stream. While its register blocks (RB = 6 rows x PW columns, 24
- * accumulators) pass over one panel, software prefetches bring in the next, spread evenly over the passes, so
- * the memory stays busy however many rows; with more than two passes the panel is taken KC rows at a time so
- * every pass finds them in cache. onnxruntime's packed copy is not made (its MatMul never runs), so memory holds
+ * panels of PW columns x K rows (48 columns with AVX-512), which lie end to end; each thread owns a contiguous
+ * share of them and reads them as one stream. Up to RB rows (8 with AVX-512: 8 x 3 vectors, 24 accumulators)
+ * take one pass over each panel, its software prefetches running a fixed distance ahead of the reads, so a
+ * decode call of up to 8 rows costs what one row does (6 x 4 blocks took two passes for 7-8 rows: 1.37x the
+ * memory-bound time of 6, 2026-12-05, epyc-zen4). More rows take passes of equal size (9 rows: 5 + 4, not
+ * 8 + 1: 0.78x the time), and while they pass over one panel, software prefetches bring in the next, spread
+ * evenly over the passes, so the memory stays busy however many rows; with more than two passes the panel is
+ * taken KC rows at a time so every pass finds them in cache. onnxruntime's packed copy is not made (its MatMul never runs), so memory holds
  * one copy of the weights as before; the pages of the bundle's file that packing read are handed back.
  *
  * Numerics: every output element is one chain of fused multiply-adds over k = 0 .. K-1 in order, from 0 (a
@@ -41,10 +44,12 @@
 
 #if defined(__AVX512F__)
 #define VL 16 /* floats per vector */
-#define PV 4  /* vectors per panel: 6 x 4 = 24 accumulators of 32 registers */
+#define PV 3  /* vectors per panel: 8 x 3 = 24 accumulators of 32 registers */
+#define RB 8  /* rows per register block */
 #else
 #define VL 8 /* AVX2 (and anything else): 8 floats */
 #define PV 2 /* 6 x 2 = 12 accumulators of 16 registers */
+#define RB 6
 #endif
 typedef float vec __attribute__((vector_size(VL * 4)));
 typedef float vecu __attribute__((vector_size(VL * 4), aligned(4)));
@@ -65,7 +70,6 @@ static inline vec fma_(vec a, vec b, vec c) {
 #endif
 }
 
-#define RB 6 /* rows per register block */
 #define PW (VL * PV) /* a panel's columns */
 #ifndef DIST
 #define DIST 16384 /* one pass over a panel: how far ahead of the row being read the prefetches run */
@@ -91,7 +95,7 @@ int specexport_parts(void) { return parts(); } /* matmul4.c splits its calls the
 /* y[r, VL j .. VL j + VL) for r < R (<= RB), j < NVEC (<= PV): the chain over k0 .. k1 of x's rows and a panel's vectors,
  * carried on from y when k0 > 0 (exactly: a float stored and loaded is the same float); `w` is the panel at row
  * k0 (rows of PW floats). `ahead` (a cursor into the part's stream) gets up to `lines` prefetches per row.
- * ROWS: RB for a full block (no per-row tests in the loop), else R at run time. */
+ * ROWS: R, a constant of each instance (one per R <= RB: the accumulators stay in registers). */
 #define BLOCK(NAME, NVEC, ROWS, W, LD, MAC)                                                                         \
   static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const void *w_, float *y, int64_t N, int R, \
                    int64_t cols, const char **ahead, const char *limit, int lines) {                             \
@@ -171,34 +175,43 @@ static inline vec bcast(const float *p) {
 /* c + a0 b0 + a1 b1 per lane, a and b each a pair of bfloat16 per lane (VDPBF16PS: exact products, each sum
  * rounded to nearest even, denormals read and written as 0) */
 static inline vec dot2(vec a, vec b, vec c) { return (vec)_mm512_dpbf16_ps((__m512)c, (__m512bh)a, (__m512bh)b); }
-#define DOT_BLOCKS(NVEC) BLOCK(full##NVEC##d, NVEC, RB, float, ld, dot2) BLOCK(some##NVEC##d, NVEC, R, float, ld, dot2)
+#define DOT_BLOCKS(NVEC) ROWS(d, NVEC, float, ld, dot2)
 #define DOT(NAME) NAME
 #else
 #define DOT_BLOCKS(NVEC)
 #define DOT(NAME) NULL
 #endif
 
-/* each block for float32 panels (f), bfloat16 panels (h), and panels of bfloat16 pairs multiplied by pairs of
- * bfloat16 activations (d, where the CPU has avx512_bf16) */
-#define BLOCKS(NVEC)                                                                                       \
-  BLOCK(full##NVEC##f, NVEC, RB, float, ld, fma_) BLOCK(some##NVEC##f, NVEC, R, float, ld, fma_)           \
-  BLOCK(full##NVEC##h, NVEC, RB, uint16_t, ld_bf16, fma_) BLOCK(some##NVEC##h, NVEC, R, uint16_t, ld_bf16, fma_) \
-  DOT_BLOCKS(NVEC)
+/* each block, for every R <= RB, for float32 panels (f), bfloat16 panels (h), and panels of bfloat16 pairs
+ * multiplied by pairs of bfloat16 activations (d, where the CPU has avx512_bf16) */
+#define ROWS6(F, NVEC, W, LD, MAC)                                                                         \
+  BLOCK(r1_##NVEC##F, NVEC, 1, W, LD, MAC) BLOCK(r2_##NVEC##F, NVEC, 2, W, LD, MAC)                        \
+  BLOCK(r3_##NVEC##F, NVEC, 3, W, LD, MAC) BLOCK(r4_##NVEC##F, NVEC, 4, W, LD, MAC)                        \
+  BLOCK(r5_##NVEC##F, NVEC, 5, W, LD, MAC) BLOCK(r6_##NVEC##F, NVEC, 6, W, LD, MAC)
+#if RB == 8
+#define ROWS(F, NVEC, W, LD, MAC) ROWS6(F, NVEC, W, LD, MAC) BLOCK(r7_##NVEC##F, NVEC, 7, W, LD, MAC) BLOCK(r8_##NVEC##F, NVEC, 8, W, LD, MAC)
+#else
+#define ROWS ROWS6
+#endif
+#define BLOCKS(NVEC) ROWS(f, NVEC, float, ld, fma_) ROWS(h, NVEC, uint16_t, ld_bf16, fma_) DOT_BLOCKS(NVEC)
 typedef void Block(const float *, int64_t, int64_t, int64_t, const void *, float *, int64_t, int, int64_t,
                    const char **, const char *, int);
 BLOCKS(1)
 BLOCKS(2)
-#if PV == 4
+#if PV == 3
 BLOCKS(3)
-BLOCKS(4)
-static Block *const blocks[3][2][PV + 1] = {
-    {{NULL, some1f, some2f, some3f, some4f}, {NULL, full1f, full2f, full3f, full4f}},
-    {{NULL, some1h, some2h, some3h, some4h}, {NULL, full1h, full2h, full3h, full4h}},
-    {{NULL, DOT(some1d), DOT(some2d), DOT(some3d), DOT(some4d)}, {NULL, DOT(full1d), DOT(full2d), DOT(full3d), DOT(full4d)}}};
+#define ROWP(F, R) {NULL, r##R##_1##F, r##R##_2##F, r##R##_3##F}
+#define DROWP(R) {NULL, DOT(r##R##_1d), DOT(r##R##_2d), DOT(r##R##_3d)}
+static Block *const blocks[3][RB + 1][PV + 1] = {
+    {{NULL}, ROWP(f, 1), ROWP(f, 2), ROWP(f, 3), ROWP(f, 4), ROWP(f, 5), ROWP(f, 6), ROWP(f, 7), ROWP(f, 8)},
+    {{NULL}, ROWP(h, 1), ROWP(h, 2), ROWP(h, 3), ROWP(h, 4), ROWP(h, 5), ROWP(h, 6), ROWP(h, 7), ROWP(h, 8)},
+    {{NULL}, DROWP(1), DROWP(2), DROWP(3), DROWP(4), DROWP(5), DROWP(6), DROWP(7), DROWP(8)}};
 #else
-static Block *const blocks[3][2][PV + 1] = {{{NULL, some1f, some2f}, {NULL, full1f, full2f}},
-                                           {{NULL, some1h, some2h}, {NULL, full1h, full2h}},
-                                           {{NULL, NULL, NULL}, {NULL, NULL, NULL}}};
+#define ROWP(F, R) {NULL, r##R##_1##F, r##R##_2##F}
+static Block *const blocks[3][RB + 1][PV + 1] = {
+    {{NULL}, ROWP(f, 1), ROWP(f, 2), ROWP(f, 3), ROWP(f, 4), ROWP(f, 5), ROWP(f, 6)},
+    {{NULL}, ROWP(h, 1), ROWP(h, 2), ROWP(h, 3), ROWP(h, 4), ROWP(h, 5), ROWP(h, 6)},
+    {{NULL}}};
 #endif
 
 /* The weight formats: F32 as given; BF16 rounded to bfloat16, widened in registers (float32 math); DOT rounded
@@ -214,15 +227,15 @@ typedef struct {
   int format; /* the panels' elements: F32, BF16 or DOT (x and K are then the activations' pairs) */
 } Call;
 
-/* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of RB rows
- * over all K. Its panels lie end to end in memory: while it reads one, the next is prefetched (a cursor spread
+/* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of at most RB
+ * rows (as many rows in each) over all K. Its panels lie end to end in memory: while it reads one, the next is prefetched (a cursor spread
  * evenly over the passes, so the memory stays busy however many rows), what its register blocks then find in
  * cache. */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
   const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, es = c->format == BF16 ? 2 : 4, bytes = K * PW * es;
   int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts;
-  int64_t passes = (c->M + RB - 1) / RB;
+  int64_t passes = (c->M + RB - 1) / RB, rp = (c->M + passes - 1) / passes; /* rows per pass, balanced */
   /* One pass (M <= RB): the cursor starts at the part's first byte and keeps DIST ahead of the row being read,
    * up to twice as fast as the reads (a panel row is PW * 4 / 64 lines). Several: it starts at the second panel
    * and brings in a panel over the passes over the one before, at the pace the work goes. */
@@ -238,11 +251,11 @@ static void part(void *arg, size_t p) {
     int64_t kc = passes > 2 ? KC : K;
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       int64_t k1 = k0 + kc < K ? k0 + kc : K;
-      for (int64_t r = 0, pass = 1; r < c->M; r += RB, pass++) {
+      for (int64_t r = 0, pass = 1; r < c->M; r += rp, pass++) {
         const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
         limit = passes == 1 ? NULL : limit < end ? limit : end;
-        int R = c->M - r < RB ? (int)(c->M - r) : RB;
-        blocks[c->format][R == RB][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, R, cols,
+        int R = c->M - r < rp ? (int)(c->M - r) : (int)rp;
+        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, R, cols,
                                          &ahead, limit, lines);
       }
     }
