@@ -47,15 +47,16 @@ def fma_chain(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return acc
 
 
-@pytest.mark.parametrize("K,N", [(40, 1), (40, 17), (64, 100), (96, 130), (33, 197), (150, 64), (600, 70)])
+@pytest.mark.parametrize("K,N", [(40, 1), (40, 17), (64, 100), (96, 130), (33, 197), (150, 64), (600, 70), (1400, 50)])
 def test_matmul_is_the_fma_chain_bit_for_bit(tmp_path, K, N):
     """Every shape of panel (whole, split between threads, a partial last vector), rows from 1 to past a few
-    register blocks and KC chunks: the outputs are exactly the documented chain. (onnxruntime's MLAS gives the
+    register blocks (one pass up to 9 rows with AVX-512, passes of equal size past it), K past a KC chunk (1,365
+    rows with AVX-512: its sums carried through Y): the outputs are exactly the documented chain. (onnxruntime's MLAS gives the
     same chain while K fits its K block, 256; past it, test_matmul_off_switch tells the two apart.)"""
     rng = np.random.default_rng(K * 1000 + N)
     W = rng.standard_normal((K, N), dtype=np.float32)
     s = session(tmp_path, W, [1, "M", K])
-    for M in (1, 5, 6, 7, 13, 40):
+    for M in (1, 5, 6, 7, 9, 10, 13, 19, 40):
         x = rng.standard_normal((1, M, K), dtype=np.float32)
         y = s.run(None, {"A": x})[0]
         assert y.shape == (1, M, N)

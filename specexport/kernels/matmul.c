@@ -8,11 +8,11 @@
  * MLAS took 1.3-1.4x its one-row time for 8 rows and 1.7x for 16: it streams its packed weights with no
  * software prefetch, so the memory idles while it computes. Here B is packed once, at session creation, into
  * panels of PW columns x K rows (48 columns with AVX-512), which lie end to end; each thread owns a contiguous
- * share of them and reads them as one stream. Up to RB rows (8 with AVX-512: 8 x 3 vectors, 24 accumulators)
+ * share of them and reads them as one stream. Up to RB rows (9 with AVX-512: 9 x 3 vectors, 27 accumulators)
  * take one pass over each panel, its software prefetches running a fixed distance ahead of the reads, so a
- * decode call of up to 8 rows costs what one row does (6 x 4 blocks took two passes for 7-8 rows: 1.37x the
- * memory-bound time of 6, 2026-12-05, epyc-zen4). More rows take passes of equal size (9 rows: 5 + 4, not
- * 8 + 1: 0.78x the time), and while they pass over one panel, software prefetches bring in the next, spread
+ * decode call of up to 9 rows costs what one row does (6 x 4 blocks took two passes for 7-9 rows: 1.2-1.37x
+ * the memory-bound time of 6, 2026-12-05, epyc-zen4). More rows take passes of equal size (10 rows: 5 + 5;
+ * with 8-row blocks 9 rows as 5 + 4 took 0.78x the time of 8 + 1), and while they pass over one panel, software prefetches bring in the next, spread
  * evenly over the passes, so the memory stays busy however many rows; with more than two passes the panel is
  * taken KC rows at a time so every pass finds them in cache. onnxruntime's packed copy is not made (its MatMul never runs), so memory holds
  * one copy of the weights as before; the pages of the bundle's file that packing read are handed back.
@@ -44,8 +44,8 @@
 
 #if defined(__AVX512F__)
 #define VL 16 /* floats per vector */
-#define PV 3  /* vectors per panel: 8 x 3 = 24 accumulators of 32 registers */
-#define RB 8  /* rows per register block */
+#define PV 3  /* vectors per panel: 9 x 3 = 27 accumulators of 32 registers */
+#define RB 9  /* rows per register block */
 #else
 #define VL 8 /* AVX2 (and anything else): 8 floats */
 #define PV 2 /* 6 x 2 = 12 accumulators of 16 registers */
@@ -188,8 +188,10 @@ static inline vec dot2(vec a, vec b, vec c) { return (vec)_mm512_dpbf16_ps((__m5
   BLOCK(r1_##NVEC##F, NVEC, 1, W, LD, MAC) BLOCK(r2_##NVEC##F, NVEC, 2, W, LD, MAC)                        \
   BLOCK(r3_##NVEC##F, NVEC, 3, W, LD, MAC) BLOCK(r4_##NVEC##F, NVEC, 4, W, LD, MAC)                        \
   BLOCK(r5_##NVEC##F, NVEC, 5, W, LD, MAC) BLOCK(r6_##NVEC##F, NVEC, 6, W, LD, MAC)
-#if RB == 8
-#define ROWS(F, NVEC, W, LD, MAC) ROWS6(F, NVEC, W, LD, MAC) BLOCK(r7_##NVEC##F, NVEC, 7, W, LD, MAC) BLOCK(r8_##NVEC##F, NVEC, 8, W, LD, MAC)
+#if RB == 9
+#define ROWS(F, NVEC, W, LD, MAC)                                                                          \
+  ROWS6(F, NVEC, W, LD, MAC) BLOCK(r7_##NVEC##F, NVEC, 7, W, LD, MAC) BLOCK(r8_##NVEC##F, NVEC, 8, W, LD, MAC) \
+  BLOCK(r9_##NVEC##F, NVEC, 9, W, LD, MAC)
 #else
 #define ROWS ROWS6
 #endif
@@ -203,9 +205,9 @@ BLOCKS(3)
 #define ROWP(F, R) {NULL, r##R##_1##F, r##R##_2##F, r##R##_3##F}
 #define DROWP(R) {NULL, DOT(r##R##_1d), DOT(r##R##_2d), DOT(r##R##_3d)}
 static Block *const blocks[3][RB + 1][PV + 1] = {
-    {{NULL}, ROWP(f, 1), ROWP(f, 2), ROWP(f, 3), ROWP(f, 4), ROWP(f, 5), ROWP(f, 6), ROWP(f, 7), ROWP(f, 8)},
-    {{NULL}, ROWP(h, 1), ROWP(h, 2), ROWP(h, 3), ROWP(h, 4), ROWP(h, 5), ROWP(h, 6), ROWP(h, 7), ROWP(h, 8)},
-    {{NULL}, DROWP(1), DROWP(2), DROWP(3), DROWP(4), DROWP(5), DROWP(6), DROWP(7), DROWP(8)}};
+    {{NULL}, ROWP(f, 1), ROWP(f, 2), ROWP(f, 3), ROWP(f, 4), ROWP(f, 5), ROWP(f, 6), ROWP(f, 7), ROWP(f, 8), ROWP(f, 9)},
+    {{NULL}, ROWP(h, 1), ROWP(h, 2), ROWP(h, 3), ROWP(h, 4), ROWP(h, 5), ROWP(h, 6), ROWP(h, 7), ROWP(h, 8), ROWP(h, 9)},
+    {{NULL}, DROWP(1), DROWP(2), DROWP(3), DROWP(4), DROWP(5), DROWP(6), DROWP(7), DROWP(8), DROWP(9)}};
 #else
 #define ROWP(F, R) {NULL, r##R##_1##F, r##R##_2##F}
 static Block *const blocks[3][RB + 1][PV + 1] = {
