@@ -609,7 +609,7 @@ class Engine:
         where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B since its last pause: there 0 when
         even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
         then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
-        against a ~24 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
+        against a ~22 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
         after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured."""
         if not auto:
             return 0
