@@ -12,10 +12,11 @@
  * take one pass over each panel, its software prefetches running a fixed distance ahead of the reads, so a
  * decode call of up to 9 rows costs what one row does (6 x 4 blocks took two passes for 7-9 rows: 1.2-1.37x
  * the memory-bound time of 6, 2026-12-05, epyc-zen4). More rows take passes of equal size (10 rows: 5 + 5;
- * with 8-row blocks 9 rows as 5 + 4 took 0.78x the time of 8 + 1), and while they pass over one panel, software prefetches bring in the next, spread
- * evenly over the passes, so the memory stays busy however many rows; with more than two passes the panel is
- * taken KC rows at a time so every pass finds them in cache. onnxruntime's packed copy is not made (its MatMul never runs), so memory holds
- * one copy of the weights as before; the pages of the bundle's file that packing read are handed back.
+ * with 8-row blocks 9 rows as 5 + 4 took 0.78x the time of 8 + 1), and while they pass over one panel,
+ * software prefetches bring in the next, spread evenly over the passes, so the memory stays busy however many
+ * rows; with more than two passes the panel is taken KC rows at a time so every pass finds them in cache.
+ * onnxruntime's packed copy is not made (its MatMul never runs), so memory holds one copy of the weights as
+ * before; the pages of the bundle's file that packing read are handed back.
  *
  * Numerics: every output element is one chain of fused multiply-adds over k = 0 .. K-1 in order, from 0 (a
  * block that stops at KC carries its sums on through Y, exactly), so a row's result is bit-identical whatever
@@ -204,9 +205,11 @@ BLOCKS(2)
 BLOCKS(3)
 #define ROWP(F, R) {NULL, r##R##_1##F, r##R##_2##F, r##R##_3##F}
 #define DROWP(R) {NULL, DOT(r##R##_1d), DOT(r##R##_2d), DOT(r##R##_3d)}
+#define ROWS9(F) \
+  ROWP(F, 1), ROWP(F, 2), ROWP(F, 3), ROWP(F, 4), ROWP(F, 5), ROWP(F, 6), ROWP(F, 7), ROWP(F, 8), ROWP(F, 9)
 static Block *const blocks[3][RB + 1][PV + 1] = {
-    {{NULL}, ROWP(f, 1), ROWP(f, 2), ROWP(f, 3), ROWP(f, 4), ROWP(f, 5), ROWP(f, 6), ROWP(f, 7), ROWP(f, 8), ROWP(f, 9)},
-    {{NULL}, ROWP(h, 1), ROWP(h, 2), ROWP(h, 3), ROWP(h, 4), ROWP(h, 5), ROWP(h, 6), ROWP(h, 7), ROWP(h, 8), ROWP(h, 9)},
+    {{NULL}, ROWS9(f)},
+    {{NULL}, ROWS9(h)},
     {{NULL}, DROWP(1), DROWP(2), DROWP(3), DROWP(4), DROWP(5), DROWP(6), DROWP(7), DROWP(8), DROWP(9)}};
 #else
 #define ROWP(F, R) {NULL, r##R##_1##F, r##R##_2##F}
@@ -230,9 +233,9 @@ typedef struct {
 } Call;
 
 /* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of at most RB
- * rows (as many rows in each) over all K. Its panels lie end to end in memory: while it reads one, the next is prefetched (a cursor spread
- * evenly over the passes, so the memory stays busy however many rows), what its register blocks then find in
- * cache. */
+ * rows (as many rows in each) over all K. Its panels lie end to end in memory: while it reads one, the next is
+ * prefetched (a cursor spread evenly over the passes, so the memory stays busy however many rows), what its
+ * register blocks then find in cache. */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
   const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, es = c->format == BF16 ? 2 : 4, bytes = K * PW * es;
