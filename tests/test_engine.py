@@ -9,6 +9,7 @@ import specexport
 from specexport.errors import OptionError, PromptTooLong, QueueFull
 from conftest import build_bundle
 from specexport.runtime import prefill
+from specexport.runtime.drafters import PoolDrafts
 from specexport.runtime.kv import KVPool
 
 PROMPTS = ["hello there, general", "abc abc abc abc abc", "The quick brown fox jumps over the lazy dog. The quick",
@@ -644,3 +645,27 @@ def test_a_chain_priced_out_is_tried_again(bundles, monkeypatch):
         g = c.wait(1)
         assert g.token_ids == want
         assert (g.stats.proposed > 0) == speculates, (pull, g.stats)
+
+
+def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path, monkeypatch):
+    """k="auto" with a draft model at 1 row drafts up to 4 tokens a step, each request stopping at its first
+    proposal the draft gives less than PoolDrafts.CONFIDENT: a random tiny model is never that sure (its proposals
+    get ~1/vocab), so it drafts one token a step; told to trust anything, it drafts 4. Every output is the
+    request's solo one either way."""
+    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", batch_sizes=(1, 2)))
+    want = [solo(pipe, p, max_new_tokens=16) for p in PROMPTS[:2]]
+    for confident, check in ((PoolDrafts.CONFIDENT, lambda m: m == 1), (0.0, lambda m: m >= 4)):
+        monkeypatch.setattr(PoolDrafts, "CONFIDENT", confident)
+        eng = pipe.start_engine(max_batch=1, max_queue=8)
+        lens, run = [], eng.drafts.run
+
+        def spy(pairs):
+            spent = run(pairs)
+            lens.extend(len(s.drafter.props) for s, _ in pairs)
+            return spent
+
+        eng.drafts.run = spy
+        cs = [pipe.submit(p, max_new_tokens=16, draft="model", k="auto") for p in PROMPTS[:2]]
+        assert [c.wait(60).token_ids for c in cs] == want
+        assert lens and check(max(lens)), (confident, lens)
+        pipe.close(10)

@@ -45,6 +45,11 @@ CHAIN_PRIOR_PULL = 0.05
 # so closely that one request's self-draft went to k = 2 on a quarter of its steps and made 0.95x fixed k = 4;
 # 0.95: 1.01x it, 1.06x the 0.8 (13 Spec-Bench prompts one at a time, medians of 3 interleaved rounds, 2026-12-05)
 CHAIN_DECAY = 0.95
+# at up to this many rows a k="auto" draft model drafts up to CONFIDENT_K tokens (at least what `_model_k` chose),
+# each request stopping at its first proposal the draft is unsure of (PoolDrafts.CONFIDENT): replayed on 13
+# Spec-Bench questions with the measured call costs, 1.05x the best fixed k (experiments/draft_confidence.py);
+# at 2 rows it made 0.89-0.96x fixed k = 4 (a (2, 5) verify takes two passes over the weights, a (1, 5) one)
+CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 
 class Completion:
@@ -594,6 +599,11 @@ class Engine:
         if not want or not verifies:
             return
         auto = self._model_k([s for s in want if s.cfg.adaptive], B)
+        self.drafts.unsure = PoolDrafts.CONFIDENT if B <= CONFIDENT_ROWS else 0.0
+        if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops at its first doubt
+            ks = [t - 1 for n, t in self.target.entry.profiles.items() if n.startswith("verify_")]
+            cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
+            auto = max([auto] + [k for k in ks if k <= cap])
         pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
         pairs = [(s, k) for s, k in pairs if k > 0]
         if pairs:
