@@ -48,7 +48,7 @@ CHAIN_DECAY = 0.95
 # at up to this many rows a k="auto" draft model drafts up to CONFIDENT_K tokens (at least what `_model_k` chose),
 # each request stopping at its first proposal the draft is unsure of (PoolDrafts.CONFIDENT): replayed on 13
 # Spec-Bench questions with the measured call costs, 1.05x the best fixed k (experiments/draft_confidence.py);
-# at 2 rows it made 0.89-0.96x fixed k = 4 (a (2, 5) verify takes two passes over the weights, a (1, 5) one)
+# at 2 rows it made 0.89-0.96x fixed k = 4 (a (2, 5) verify takes two passes over the weights, a (1, 5) one pass)
 CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 

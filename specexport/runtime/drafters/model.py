@@ -100,9 +100,9 @@ class PoolDrafts:
 
     CATCHUP = 2  # tokens a row may be behind and still catch up in the shared calls
     # where the engine asks (`unsure`), a request drafting with k="auto" stops drafting this step once the draft
-    # gives its latest proposal less than this probability: on 13 Spec-Bench questions (SmolLM2, its int4 self-draft, teacher-forced on the
-    # target's greedy output) proposals below 0.3 agreed with the target 39% of the time, 0.3-0.5 66%, 0.5-0.9
-    # 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05)
+    # gives its latest proposal less than this probability: on 13 Spec-Bench questions (SmolLM2, its int4
+    # self-draft, teacher-forced on the target's greedy output) proposals below 0.3 agreed with the target 39% of
+    # the time, 0.3-0.5 66%, 0.5-0.9 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05)
     CONFIDENT = 0.5
 
     def __init__(self, model: Backend, rows: int, target_pool: KVPool | None = None):
@@ -153,7 +153,8 @@ class PoolDrafts:
                 t = s.pick.target(out.logits[r, 0], pos) if sp.greedy or sp.sampler == "gumbel" \
                     else int(np.argmax(out.logits[r, 0]))
                 s.drafter.props.append(t)
-                if len(s.drafter.props) < k and not (s.cfg.adaptive and self.unsure and prob(out.logits[r, 0], t) < self.unsure):
+                unsure = s.cfg.adaptive and self.unsure and prob(out.logits[r, 0], t) < self.unsure
+                if len(s.drafter.props) < k and not unsure:
                     todo.append(t)
                 else:
                     del queue[r]
