@@ -592,8 +592,9 @@ class Engine:
         (PoolDrafts.run), before anyone builds a tree (`_draft` reads them); none when the step can verify
         nothing (`verifies` False: a fused B > 1 call decodes T = 1 only and no verify apart is possible), so
         a draft with a pool of its own falls behind and catches up in chunks when it drafts again (one on the
-        target's pool starts from the target's committed length at every ste. At one row (CONFIDENT_ROWS) k="auto" requests
-        draft up to CONFIDENT_K tokens, each stopping at its first proposal the draft is unsure of.""""""
+        target's pool starts from the target's committed length at every step). At one row (CONFIDENT_ROWS)
+        k="auto" requests draft up to CONFIDENT_K tokens, each stopping at its first proposal the draft is unsure
+        of."""
         want = [s for s in dec if isinstance(s.drafter, RowDraft)]
         for s in want:
             s.drafter.props = []
