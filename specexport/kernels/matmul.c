@@ -93,16 +93,15 @@ static int parts(void) {
 }
 int specexport_parts(void) { return parts(); } /* matmul4.c splits its calls the same way */
 
-/* y[r, VL j .. VL j + VL) for r < R (<= RB), j < NVEC (<= PV): the chain over k0 .. k1 of x's rows and a panel's vectors,
+/* y[r, VL j .. VL j + VL) for r < ROWS (<= RB), j < NVEC (<= PV): the chain over k0 .. k1 of x's rows and a panel's vectors,
  * carried on from y when k0 > 0 (exactly: a float stored and loaded is the same float); `w` is the panel at row
  * k0 (rows of PW floats). `ahead` (a cursor into the part's stream) gets up to `lines` prefetches per row.
- * ROWS: R, a constant of each instance (one per R <= RB: the accumulators stay in registers). */
+ * ROWS: a constant of each instance (one per row count up to RB: the accumulators stay in registers). */
 #define BLOCK(NAME, NVEC, ROWS, W, LD, MAC)                                                                         \
-  static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const void *w_, float *y, int64_t N, int R, \
+  static void NAME(const float *x, int64_t K, int64_t k0, int64_t k1, const void *w_, float *y, int64_t N,        \
                    int64_t cols, const char **ahead, const char *limit, int lines) {                             \
     const W *w = w_;                                                                                            \
-    vec a[RB][NVEC];                                                                                            \
-    (void)R;                                                                                                    \
+    vec a[ROWS][NVEC];                                                                                          \
     for (int r = 0; r < ROWS; r++)                                                                              \
       for (int j = 0; j < NVEC; j++) a[r][j] = k0 ? get(y + r * N + VL * j, cols - VL * j) : (vec){0};         \
     for (int64_t k = k0; k < k1; k++, w += PW) {                                                                \
@@ -197,7 +196,7 @@ static inline vec dot2(vec a, vec b, vec c) { return (vec)_mm512_dpbf16_ps((__m5
 #define ROWS ROWS6
 #endif
 #define BLOCKS(NVEC) ROWS(f, NVEC, float, ld, fma_) ROWS(h, NVEC, uint16_t, ld_bf16, fma_) DOT_BLOCKS(NVEC)
-typedef void Block(const float *, int64_t, int64_t, int64_t, const void *, float *, int64_t, int, int64_t,
+typedef void Block(const float *, int64_t, int64_t, int64_t, const void *, float *, int64_t, int64_t,
                    const char **, const char *, int);
 BLOCKS(1)
 BLOCKS(2)
@@ -260,8 +259,8 @@ static void part(void *arg, size_t p) {
         const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
         limit = passes == 1 ? NULL : limit < end ? limit : end;
         int R = c->M - r < rp ? (int)(c->M - r) : (int)rp;
-        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, R, cols,
-                                         &ahead, limit, lines);
+        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, cols, &ahead,
+                                    limit, lines);
       }
     }
     v = (panel + 1) * PV;

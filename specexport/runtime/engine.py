@@ -603,9 +603,8 @@ class Engine:
         auto = self._model_k([s for s in want if s.cfg.adaptive], B)
         self.drafts.unsure = PoolDrafts.CONFIDENT if B <= CONFIDENT_ROWS else 0.0
         if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops at its first doubt
-            ks = [t - 1 for n, t in self.target.entry.profiles.items() if n.startswith("verify_")]
             cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
-            auto = max([auto] + [k for k in ks if k <= cap])
+            auto = max([auto] + [k for k in self.target.entry.verify_ks() if k <= cap])
         pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
         pairs = [(s, k) for s, k in pairs if k > 0]
         if pairs:

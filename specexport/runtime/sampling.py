@@ -90,13 +90,13 @@ def warp(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
     """log-probabilities after temperature, top-k, top-p; -inf = removed. logits: [V] -> [V] float64."""
     ids, x = kept(logits, sp)
     if ids is None:
-        return x - _logsumexp(x)
+        return x - logsumexp(x)
     y = np.full(len(logits), -np.inf)
-    y[ids] = x - _logsumexp(x)
+    y[ids] = x - logsumexp(x)
     return y
 
 
-def _logsumexp(x: np.ndarray) -> float:
+def logsumexp(x: np.ndarray) -> float:
     m = np.max(x)
     return m + math.log(np.sum(np.exp(x - m)))
 

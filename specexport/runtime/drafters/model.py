@@ -7,12 +7,15 @@ self-draft).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...backends.base import Backend
 from ..costs import StepCosts
 from ..kv import KVPool, RingKV, SharedKV, SharedPool
 from ..prefill import feed
+from ..sampling import logsumexp
 from .base import Choose, Proposal
 
 
@@ -66,8 +69,7 @@ class ModelDrafter:
 
 def prob(logits: np.ndarray, t: int) -> float:
     """The probability of token t under a row of logits (softmax)."""
-    d = logits.astype(np.float64) - float(logits[t])
-    return 1.0 / float(np.exp(np.minimum(d, 700.0)).sum())
+    return math.exp(float(logits[t]) - logsumexp(logits.astype(np.float64)))
 
 
 class RowDraft:
