@@ -51,14 +51,19 @@ def test_bf16_matmul_is_the_chain_over_rounded_weights(tmp_path, K, N):
     np.testing.assert_array_equal(one[0, 0], y[0, 5])  # a row alone = the same row among 40
 
 
+@pytest.mark.parametrize("amx", ["1", "0"])
 @pytest.mark.parametrize("K,N", [(41, 17), (96, 130), (601, 70)])
-def test_bf16_dot_rows_do_not_depend_on_their_call(tmp_path, K, N):
+def test_bf16_dot_rows_do_not_depend_on_their_call(tmp_path, monkeypatch, K, N, amx):
     """The dot-product format (weights and activations rounded to bfloat16, products summed in pairs by
-    VDPBF16PS): close to the float64 product of the rounded operands, not the weight-only result, and a row's
-    bits do not depend on the rows that share its call (K odd: the last pair's high half is 0)."""
+    VDPBF16PS, or by AMX tiles where the CPU has them): close to the float64 product of the rounded operands, not
+    the weight-only result, and a row's bits do not depend on the rows that share its call (K odd: the last
+    pair's high half is 0; 40 rows: AMX's 16-row tiles, the last one partly zero rows)."""
     lib = kernels.library(64)
     if not kernels.matmul_dot(lib):
         pytest.skip("this CPU has no avx512_bf16 (VDPBF16PS): the bf16dot format is not built")
+    monkeypatch.setenv("SPECEXPORT_AMX", amx)
+    if amx == "1" and not kernels.matmul_amx(lib):
+        pytest.skip("no AMX here (amx_bf16, or Linux's grant of the tiles): bf16dot runs on VDPBF16PS")
     rng = np.random.default_rng(K * N)
     W = rng.standard_normal((K, N), dtype=np.float32)
     s = session(tmp_path, W, [1, "M", K], weights="bf16dot")

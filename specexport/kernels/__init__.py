@@ -93,6 +93,12 @@ def matmul_dot(path: str) -> bool:
     return bool(ctypes.CDLL(path).specexport_matmul_dot())
 
 
+def matmul_amx(path: str) -> bool:
+    """Whether the bfloat16 dot-product format runs on AMX tiles here (a CPU with amx_bf16, the tiles granted by
+    Linux, SPECEXPORT_AMX not 0): a numerically different bf16dot target than VDPBF16PS's, row-consistent alike."""
+    return bool(ctypes.CDLL(path).specexport_matmul_amx())
+
+
 def matmul4_on(path: str) -> bool:
     """Whether the library has matmul4.c's MatMulNBits (int4 weights, int8 activations; AVX512-VNNI builds) and
     SPECEXPORT_MATMUL4 does not turn it off."""

@@ -229,6 +229,7 @@ typedef struct {
   float *y;
   int64_t M, K, N, nparts;
   int format; /* the panels' elements: F32, BF16 or DOT (x and K are then the activations' pairs) */
+  int amx;    /* DOT on AMX tiles (part_amx): K is then a multiple of 16 pairs */
 } Call;
 
 /* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of at most RB
@@ -267,10 +268,108 @@ static void part(void *arg, size_t p) {
   }
 }
 
+/* AMX (CPUs with amx_bf16; DOT only). TDPBF16PS multiplies a tile of up to 16 rows x 16 pairs of activations by
+ * a 16-pair x 16-column tile of weights in one instruction, 8x the multiply-adds of VDPBF16PS per cycle, and its
+ * weight operand is exactly a DOT panel's layout (a row of 32-bit pairs per column), read in place with the
+ * panel's row stride. It does not round as a chain of VDPBF16PS does (each of its steps sums 16 pairs its own
+ * way: on Xeon family 6 model 207, 2026-12-05, 219 of 256 test sums differ in the last bits), so where the CPU
+ * has it EVERY DOT call runs on it, a decode row included: a row's sums are then one chain of tile steps over k
+ * in order, from 0, whatever rows share its call (the same row-consistency as above, for a numerically different
+ * bf16dot target than on a CPU without AMX; a row's bits do not depend on how many rows its tile is configured
+ * for either: experiments/matmul_amx_ab.c and tests/test_bf16_weights.py check both). K is padded to whole
+ * 16-pair steps with zero pairs, in x and in the panels. Linux hands a process the tile registers only on request
+ * (arch_prctl); where it refuses, or SPECEXPORT_AMX=0, DOT runs on VDPBF16PS. */
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+#include <sys/syscall.h>
+#define HAVE_AMX 1
+static int granted = -1; /* whether Linux gave this process the tile registers (asked once) */
+static int amx(void) {      /* read when a kernel is made: a session made with SPECEXPORT_AMX=0 keeps VDPBF16PS */
+  const char *e = getenv("SPECEXPORT_AMX");
+  if (e && !strcmp(e, "0")) return 0;
+  if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+}
+typedef struct {
+  uint8_t palette, start;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+/* one block of up to 16 rows of x (pairs, row stride K; as many as the tiles are configured for) by a panel's
+ * first n (1..3) 16-column tiles, over all K: tiles 0-2 the sums, 3 the activations, 4-6 the weights */
+#define AMX_STEP(J, B) /* sums J += activations x weights B (literal tile numbers: the intrinsics paste them) */ \
+  do {                                                                                                    \
+    _tile_loadd(B, w + k * PW + VL * J, PW * 4);                                                          \
+    _tile_dpbf16ps(J, 3, B);                                                                              \
+  } while (0)
+static void amx_block(const uint32_t *x, int64_t K, const uint32_t *w, int n, float *out, const char **ahead,
+                      const char *limit, int lines) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  for (int64_t k = 0; k < K; k += 16) {
+    for (int i = 0; i < lines && *ahead < (limit ? limit : (const char *)(w + k * PW) + DIST); i++, *ahead += 64)
+      __builtin_prefetch(*ahead, 0, 1);
+    _tile_loadd(3, x + k, K * 4);
+    AMX_STEP(0, 4);
+    if (n > 1) AMX_STEP(1, 5);
+    if (n > 2) AMX_STEP(2, 6);
+  }
+  _tile_stored(0, out, PW * 4);
+  _tile_stored(1, out + VL, PW * 4);
+  _tile_stored(2, out + 2 * VL, PW * 4);
+}
+
+/* tiles 0-3 (sums, activations) of R rows, 4-6 (weights) of 16 pair-rows; 64 bytes a row */
+static void configure(int R) {
+  TileConfig cfg = {.palette = 1};
+  for (int t = 0; t < 7; t++) cfg.rows[t] = t < 4 ? R : 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+/* part() for DOT on AMX: the same share of columns and the same panel stream, the panel outermost so its passes
+ * (one per 16 rows; a last block of fewer rows gets tiles of that many: a decode row costs one row's products)
+ * find it in cache; each block's sums go through a 16 x PW buffer into y's rows and columns. */
+static void part_amx(void *arg, size_t p) {
+  const Call *c = arg;
+  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, bytes = K * PW * 4;
+  int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts, passes = (c->M + 15) / 16;
+  int R = 0; /* the rows the tiles are configured for */
+  float out[16 * PW] __attribute__((aligned(64)));
+  /* prefetches per 16-row step of the panel (16 x PW x 4 bytes): as part()'s per row, times 16 */
+  int lines = (int)(passes == 1 ? 2 * 16 * PW * 4 / 64 : (16 * PW * 4 / 64 + passes - 1) / passes);
+  const char *base = (const char *)c->panels, *end = base + (v1 + PV - 1) / PV * bytes;
+  const char *ahead = base + (v0 / PV + (passes > 1)) * bytes;
+  for (int64_t v = v0; v < v1;) {
+    int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
+    const uint32_t *w = (const uint32_t *)c->panels + panel * K * PW + VL * a;
+    int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
+    for (int64_t r = 0, pass = 1; r < c->M; r += 16, pass++) {
+      const char *limit = base + (panel + 1) * bytes + bytes * pass / passes;
+      limit = passes == 1 ? NULL : limit < end ? limit : end;
+      if (c->M - r < 16 && R != c->M - r) configure(R = (int)(c->M - r)); /* the last block's rows */
+      else if (c->M - r >= 16 && R != 16) configure(R = 16);
+      amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), out, &ahead, limit, lines);
+      for (int64_t i = 0; i < 16 && r + i < c->M; i++) memcpy(c->y + (r + i) * N + n0, out + i * PW, 4 * cols);
+    }
+    v = (panel + 1) * PV;
+  }
+  _tile_release();
+}
+#else
+#define HAVE_AMX 0
+static int amx(void) { return 0; }
+static void part_amx(void *arg, size_t p) { (void)arg, (void)p; }
+#endif
+
+/* a DOT weight's panel rows for K: its (K + 1) / 2 pairs, a multiple of 16 on AMX (the tiles' steps) */
+static int64_t dot_rows(int64_t K, int amx) { return amx ? ((K + 1) / 2 + 15) / 16 * 16 : (K + 1) / 2; }
+
 /* B [K, N] as panels (see Call) in `format`, in a fresh 64-byte aligned buffer; NULL when out of memory. DOT:
- * (K + 1) / 2 panel rows of 32-bit pairs, row k = 2p in the low half, 2p + 1 (0 past K) in the high half. */
-static void *pack(const float *B, int64_t K, int64_t N, int format) {
-  int64_t np = (N + PW - 1) / PW, es = format == BF16 ? 2 : 4, rows = format == DOT ? (K + 1) / 2 : K;
+ * dot_rows(K) panel rows of 32-bit pairs, row p: k = 2p in the low half, 2p + 1 in the high half (0 past K). */
+static void *pack(const float *B, int64_t K, int64_t N, int format, int amx) {
+  int64_t np = (N + PW - 1) / PW, es = format == BF16 ? 2 : 4, rows = format == DOT ? dot_rows(K, amx) : K;
   char *panels = aligned_alloc(64, (size_t)(np * rows * PW * es));
   if (!panels) return NULL;
   for (int64_t p = 0; p < np; p++)
@@ -282,7 +381,7 @@ static void *pack(const float *B, int64_t K, int64_t N, int format) {
         for (int64_t i = 0; i < cols; i++) ((uint16_t *)dst)[i] = to_bf16(B[k * N + n0 + i]);
       else if (format == DOT)
         for (int64_t i = 0; i < cols; i++)
-          ((uint32_t *)dst)[i] = to_bf16(B[2 * k * N + n0 + i]) |
+          ((uint32_t *)dst)[i] = (2 * k < K ? to_bf16(B[2 * k * N + n0 + i]) : 0) |
                                  (uint32_t)(2 * k + 1 < K ? to_bf16(B[(2 * k + 1) * N + n0 + i]) : 0) << 16;
       else
         memcpy(dst, B + k * N + n0, sizeof(float) * cols);
@@ -292,9 +391,9 @@ static void *pack(const float *B, int64_t K, int64_t N, int format) {
 
 /* x [M, K] rounded to bfloat16 pairs [M, (K + 1) / 2] (DOT's activations; low half k = 2p, high 2p + 1): in
  * memory, each row's values in order as bfloat16 (VCVTNEPS2BF16, 16 at a time: to nearest even, denormals to
- * 0, which VDPBF16PS reads as 0 anyway), a 0 after an odd K. The same k always takes the same path, whatever M. */
-static void pairs(const float *x, int64_t M, int64_t K, uint32_t *out) {
-  int64_t K2 = (K + 1) / 2;
+ * 0, which VDPBF16PS reads as 0 anyway), zeros from K up to 2 K2 (K2 >= (K + 1) / 2 pairs a row: the panels'
+ * rows, see dot_rows). The same k always takes the same path, whatever M. */
+static void pairs(const float *x, int64_t M, int64_t K, int64_t K2, uint32_t *out) {
   for (int64_t m = 0; m < M; m++, x += K, out += K2) {
     uint16_t *h = (uint16_t *)out;
     int64_t k = 0;
@@ -302,7 +401,7 @@ static void pairs(const float *x, int64_t M, int64_t K, uint32_t *out) {
     for (; k + 16 <= K; k += 16) _mm256_storeu_si256((void *)(h + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
 #endif
     for (; k < K; k++) h[k] = to_bf16(x[k]);
-    if (K & 1) h[K] = 0;
+    for (; k < 2 * K2; k++) h[k] = 0;
   }
 }
 
@@ -313,6 +412,7 @@ typedef struct {
   void *panels;    /* B packed, when B is a constant [K, N] (a weight); else NULL and the fallback runs */
   int64_t K, N;
   int format;      /* F32, or what the session's specexport.matmul_weights asked for (bf16: BF16, bf16dot: DOT) */
+  int amx;         /* DOT on AMX tiles (part_amx) */
 } Kernel;
 
 /* onnxruntime's own MatMul (batched or vector B): the output shape as numpy's matmul broadcasts it */
@@ -356,7 +456,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): B is not the constant it was packed from");
   if (ad[ar - 1] != k->K)
     return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMul (specexport): A's last dimension is not B's first");
-  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .format = k->format};
+  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .format = k->format, .amx = k->amx};
   int64_t yd[8];
   for (size_t i = 0; i + 1 < ar; i++) c.M *= ad[i], yd[i] = ad[i];
   yd[ar - 1] = c.N;
@@ -367,18 +467,18 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   if (c.M == 0 || c.N == 0) return NULL;
   uint32_t *xp = NULL;
   if (c.format == DOT) { /* the activations as bfloat16 pairs: a call over K / 2 rows of pairs */
-    c.K = (k->K + 1) / 2;
+    c.K = dot_rows(k->K, c.amx);
     if (!(xp = malloc(sizeof(uint32_t) * c.M * c.K))) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
-    pairs(c.x, c.M, k->K, xp);
+    pairs(c.x, c.M, k->K, c.K, xp);
     c.x = (const float *)xp;
   }
   int64_t nv = (c.N + VL - 1) / VL;
   c.nparts = parts() < nv ? parts() : nv;
   OrtStatus *st = NULL;
   if (c.nparts == 1)
-    part(&c, 0);
+    (c.amx ? part_amx : part)(&c, 0);
   else
-    st = ort->KernelContext_ParallelFor(ctx, part, (size_t)c.nparts, (size_t)c.nparts, &c);
+    st = ort->KernelContext_ParallelFor(ctx, c.amx ? part_amx : part, (size_t)c.nparts, (size_t)c.nparts, &c);
   free(xp);
   return st;
 }
@@ -388,6 +488,7 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
   Kernel *k = calloc(1, sizeof(Kernel));
   if (!k) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
   k->format = op == &specexport_matmul_bf16_op ? BF16 : op == &specexport_matmul_dot_op ? DOT : F32;
+  k->amx = k->format == DOT && amx();
   const char *names[1] = {"T"};
   ONNXTensorElementDataType types[1] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
   OrtStatus *st = ort->CreateOp(info, "MatMul", "", 13, names, types, 1, NULL, 0, 2, 1, &k->fallback);
@@ -407,7 +508,7 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     ort->ReleaseStatus(st), B = NULL;
   if (br == 2 && B) {
     k->K = bd[0], k->N = bd[1];
-    if (!(k->panels = pack(B, k->K, k->N, k->format))) {
+    if (!(k->panels = pack(B, k->K, k->N, k->format, k->amx))) {
       ort->ReleaseOp(k->fallback);
       free(k);
       return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory packing a weight");
@@ -447,6 +548,9 @@ static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
   }
 /* one op per weight format: gqa.c registers the one a session's options ask for; create() tells which */
 OrtCustomOp specexport_matmul_op = MATMUL_OP, specexport_matmul_bf16_op = MATMUL_OP, specexport_matmul_dot_op = MATMUL_OP;
+
+/* whether DOT runs on AMX tiles here (a build for a CPU with amx_bf16, the tiles granted, SPECEXPORT_AMX not 0) */
+int specexport_matmul_amx(void) { return amx(); }
 
 /* whether this build has the DOT format (avx512_bf16) */
 int specexport_matmul_dot(void) {
