@@ -22,97 +22,57 @@
 #define specexport_matmul_bf16_op P(bf16_op)
 #define specexport_matmul_dot_op P(dot_op)
 #define specexport_matmul_dot P(dot)
+#define specexport_matmul_amx P(amx)
 #include MATMUL
+#ifdef HAVE_AMX /* matmul.c since 2026-12-05: pack() takes whether DOT panels are for AMX */
+void *P(pack_f32)(const float *B, int64_t K, int64_t N) { return pack(B, K, N, F32, 0); }
+#else
 void *P(pack_f32)(const float *B, int64_t K, int64_t N) { return pack(B, K, N, F32); }
+#endif
 void P(run)(const float *x, const void *panels, float *y, int64_t M, int64_t K, int64_t N, int which) {
   Call c = {.x = x, .panels = panels, .y = y, .M = M, .K = K, .N = N, .format = F32, .nparts = 2};
   part(&c, which);
 }
 #else
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
+#include "sweep_ab.h"
 const void *specexport_ort = 0; /* ops.h's, unused here */
 typedef void *Pack(const float *, int64_t, int64_t);
 typedef void Run(const float *, const void *, float *, int64_t, int64_t, int64_t, int);
 Pack a_pack_f32, b_pack_f32;
 Run a_run, b_run;
 static Run *const runs[2] = {a_run, b_run};
-#define NW (30 * 4 + 1)
-static void *panels[2][NW];
-static int64_t KK[NW], NN[NW], curM;
-static float *X, *Y;
-static int curV, curI;
-static volatile int gen = 0, done1 = 0;
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 static void go(int which) { runs[curV](X, panels[curV][curI], Y, curM, KK[curI], NN[curI], which); }
-static void *worker(void *arg) {
-  (void)arg;
-  for (int g = 0;;) {
-    while (gen == g) ;
-    if ((g = gen) < 0) return NULL;
-    go(1);
-    __atomic_store_n(&done1, g, __ATOMIC_RELEASE);
-  }
-}
 static void call(int v, int i) {
   curV = v, curI = i;
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  int g = gen + 1;
-  gen = g;
-  go(0);
-  while (__atomic_load_n(&done1, __ATOMIC_ACQUIRE) != g) ;
+  both();
 }
-static int cmp(const void *a, const void *b) { return *(double *)a < *(double *)b ? -1 : *(double *)a > *(double *)b; }
 int main(int argc, char **argv) {
   if (argc != 3) return fprintf(stderr, "usage: %s M1,M2,... ROUNDS\n", argv[0]), 2;
   int Ms[32], nm = 0, rounds = atoi(argv[2]);
   for (char *s = strtok(argv[1], ","); s && nm < 32; s = strtok(NULL, ",")) Ms[nm++] = atoi(s);
   if (rounds < 1 || rounds > 200) return fprintf(stderr, "ROUNDS: 1 to 200\n"), 2;
-  static const int64_t shape[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
   int64_t Mmax = 1;
   for (int m = 0; m < nm; m++) Mmax = Ms[m] > Mmax ? Ms[m] : Mmax;
   for (int i = 0; i < NW; i++) {
-    KK[i] = i < NW - 1 ? shape[i % 4][0] : 576, NN[i] = i < NW - 1 ? shape[i % 4][1] : 49152;
-    float *B = malloc(4 * KK[i] * NN[i]);
-    for (int64_t e = 0; e < KK[i] * NN[i]; e++) B[e] = (float)((e * 7919 + i) % 1000) / 1000.f - 0.5f;
+    float *B = weight(i);
     panels[0][i] = a_pack_f32(B, KK[i], NN[i]), panels[1][i] = b_pack_f32(B, KK[i], NN[i]);
     free(B);
   }
   X = malloc(4 * Mmax * 1536), Y = malloc(4 * Mmax * 49152);
   float *Y0 = malloc(4 * Mmax * 49152);
   for (int64_t i = 0; i < Mmax * 1536; i++) X[i] = (float)(i % 97) / 97.f - 0.5f;
-  pthread_t th;
-  pthread_create(&th, NULL, worker, NULL);
   double (*t)[32][200] = calloc(2, sizeof *t);
-  for (int r = 0; r < rounds; r++)
-    for (int m = 0; m < nm; m++)
-      for (int k = 0; k < 2; k++) {
-        int v = (r + m + k) & 1;
-        curM = Ms[m];
-        double t0 = now();
-        for (int i = 0; i < NW; i++) call(v, i);
-        t[v][m][r] = now() - t0;
-      }
+  sweeps(Ms, nm, rounds, t, call);
   for (int m = 0; m < nm; m++) {
     curM = Ms[m];
     call(0, NW - 1);
     memcpy(Y0, Y, 4 * curM * 49152);
     call(1, NW - 1);
-    double q[200];
-    for (int r = 0; r < rounds; r++) q[r] = t[1][m][r] / t[0][m][r];
-    qsort(t[0][m], rounds, sizeof(double), cmp), qsort(t[1][m], rounds, sizeof(double), cmp);
-    qsort(q, rounds, sizeof(double), cmp);
+    double md[5];
+    medians(t, m, rounds, md);
     int same = !memcmp(Y0, Y, 4 * curM * 49152);
-    printf("M=%d: A %.2f ms, B %.2f ms, B/A per round %.3f (%.2f-%.2f), outputs %s\n", Ms[m], t[0][m][rounds / 2] * 1e3,
-           t[1][m][rounds / 2] * 1e3, q[rounds / 2], q[0], q[rounds - 1], same ? "identical" : "DIFFER");
+    printf("M=%d: A %.2f ms, B %.2f ms, B/A per round %.3f (%.2f-%.2f), outputs %s\n", Ms[m], md[0] * 1e3,
+           md[1] * 1e3, md[2], md[3], md[4], same ? "identical" : "DIFFER");
   }
   gen = -1;
   return 0;

@@ -220,8 +220,8 @@ def parser() -> argparse.ArgumentParser:
                    "weights held in bfloat16 by specexport's MatMul kernel, float32 math (a fused bundle; a target "
                    "of its own, half the weights' memory traffic, every drafter lossless against its plain "
                    "decoding); onnxruntime-bf16dot: its activations rounded to bfloat16 too at the weight MatMuls, "
-                   "multiplied by VDPBF16PS (CPUs with avx512_bf16; cheaper prefill and verify rows, a target of "
-                   "its own); or OpenVINO's CPU plugin in float32, "
+                   "multiplied by VDPBF16PS, or by AMX tiles where the CPU has amx_bf16 (CPUs with avx512_bf16; "
+                   "cheaper prefill and verify rows, a target of its own); or OpenVINO's CPU plugin in float32, "
                    "bfloat16, or float32 with int4 weights quantised at load (a --attention slots or portable "
                    "bundle; pip install '.[openvino]'; bfloat16 and int4 are targets of their own whose drafts are "
                    "chains: model, ngram, recycle's best path)")

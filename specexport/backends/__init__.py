@@ -2,7 +2,8 @@
 
 - ort (onnxruntime, CPU): the default; torch-free, like the runtime. onnxruntime-bf16: the same with the
   weights held in bfloat16 by specexport's MatMul kernel (float32 math); onnxruntime-bf16dot: the weight
-  MatMuls' activations rounded to bfloat16 too, multiplied by VDPBF16PS (avx512_bf16): targets of their own.
+  MatMuls' activations rounded to bfloat16 too, multiplied by VDPBF16PS (avx512_bf16) or AMX tiles (amx_bf16):
+  targets of their own.
 - ort_device (onnxruntime with IO binding into a device-resident cache: the CUDA EP path; needs torch),
   torch_graphs (graphs/ modules in torch, CUDA graphs on CUDA; needs torch and the float32 checkpoint),
   trt (the bundle's TensorRT engines; needs torch and TensorRT), ov (OpenVINO's CPU plugin, float32, bfloat16

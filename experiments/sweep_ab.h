@@ -1,0 +1,71 @@
+/* What experiments/matmul_variants_ab.c and matmul_amx_ab.c share: a SmolLM2-shaped sweep of NW weights (30 layers
+ * of [576, 960] [576, 576] [576, 3072] [1536, 576], then the [576, 49152] head) run by two threads (the second
+ * spinning on a counter, as onnxruntime's pool does), two ways interleaved. The includer defines go(which): thread
+ * `which`'s part of weight curI the way curV. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#define NW (30 * 4 + 1)
+static void *panels[2][NW];
+static int64_t KK[NW], NN[NW], curM;
+static float *X, *Y;
+static int curV, curI;
+static volatile int gen = 0, done1 = 0;
+static void go(int which);
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static void *worker(void *arg) {
+  (void)arg;
+  for (int g = 0;;) {
+    while (gen == g) ;
+    if ((g = gen) < 0) return NULL;
+    go(1);
+    __atomic_store_n(&done1, g, __ATOMIC_RELEASE);
+  }
+}
+/* weight curI the way curV on both threads */
+static void both(void) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  int g = gen + 1;
+  gen = g;
+  go(0);
+  while (__atomic_load_n(&done1, __ATOMIC_ACQUIRE) != g) ;
+}
+static int cmp(const void *a, const void *b) { return *(double *)a < *(double *)b ? -1 : *(double *)a > *(double *)b; }
+/* the weights' shapes, and weight i's values (deterministic) in a fresh buffer */
+static float *weight(int i) {
+  static const int64_t shape[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
+  KK[i] = i < NW - 1 ? shape[i % 4][0] : 576, NN[i] = i < NW - 1 ? shape[i % 4][1] : 49152;
+  float *B = malloc(4 * KK[i] * NN[i]);
+  for (int64_t e = 0; e < KK[i] * NN[i]; e++) B[e] = (float)((e * 7919 + i) % 1000) / 1000.f - 0.5f;
+  return B;
+}
+/* t[way][m][round]: seconds of a whole sweep at Ms[m] rows, the way that runs first alternating; the worker
+ * thread is started here. call(v, i): one weight's call the way v (the includer's; it ends with both()). */
+static void sweeps(const int *Ms, int nm, int rounds, double (*t)[32][200], void (*call)(int, int)) {
+  pthread_t th;
+  pthread_create(&th, NULL, worker, NULL);
+  for (int r = 0; r < rounds; r++)
+    for (int m = 0; m < nm; m++)
+      for (int k = 0; k < 2; k++) {
+        int v = (r + m + k) & 1;
+        curM = Ms[m];
+        double t0 = now();
+        for (int i = 0; i < NW; i++) call(v, i);
+        t[v][m][r] = now() - t0;
+      }
+}
+/* the median of way 0's, of way 1's and of their per-round ratio (sorts t[.][m]) */
+static void medians(double (*t)[32][200], int m, int rounds, double out[5]) {
+  double q[200];
+  for (int r = 0; r < rounds; r++) q[r] = t[1][m][r] / t[0][m][r];
+  qsort(t[0][m], rounds, sizeof(double), cmp), qsort(t[1][m], rounds, sizeof(double), cmp);
+  qsort(q, rounds, sizeof(double), cmp);
+  out[0] = t[0][m][rounds / 2], out[1] = t[1][m][rounds / 2], out[2] = q[rounds / 2], out[3] = q[0], out[4] = q[rounds - 1];
+}
