@@ -23,29 +23,21 @@ static void call(int v, int i) {
   both();
 }
 int main(int argc, char **argv) {
-  if (argc != 3) return fprintf(stderr, "usage: %s M1,M2,... ROUNDS\n", argv[0]), 2;
+  int Ms[32], nm, rounds;
+  int64_t Mmax = args(argc, argv, Ms, &nm, &rounds);
+  if (!Mmax) return 2;
   if (!amx()) return fprintf(stderr, "no AMX here (or SPECEXPORT_AMX=0)\n"), 2;
-  int Ms[32], nm = 0, rounds = atoi(argv[2]);
-  for (char *s = strtok(argv[1], ","); s && nm < 32; s = strtok(NULL, ",")) Ms[nm++] = atoi(s);
-  if (rounds < 1 || rounds > 200) return fprintf(stderr, "ROUNDS: 1 to 200\n"), 2;
-  int64_t Mmax = 1;
-  for (int m = 0; m < nm; m++) Mmax = Ms[m] > Mmax ? Ms[m] : Mmax;
   for (int i = 0; i < NW; i++) {
     float *B = weight(i);
     panels[0][i] = pack(B, KK[i], NN[i], DOT, 0), panels[1][i] = pack(B, KK[i], NN[i], DOT, 1);
     free(B);
   }
-  X = malloc(4 * Mmax * 1536), Y = malloc(4 * Mmax * 49152);
+  float *Y0 = buffers(Mmax);
   for (int v = 0; v < 2; v++) XP[v] = malloc(4 * Mmax * 1536);
-  float *Y0 = malloc(4 * Mmax * 49152);
-  for (int64_t i = 0; i < Mmax * 1536; i++) X[i] = (float)(i % 97) / 97.f - 0.5f;
   double (*t)[32][200] = calloc(2, sizeof *t);
   sweeps(Ms, nm, rounds, t, call);
   for (int m = 0; m < nm; m++) {
-    curM = Ms[m];
-    call(0, NW - 1);
-    memcpy(Y0, Y, 4 * curM * 49152);
-    call(1, NW - 1);
+    heads(Ms[m], Y0, call);
     double rel = 0, md[5];
     for (int64_t e = 0; e < curM * 49152; e++)
       if (Y0[e] != 0) rel = fmax(rel, fabs(Y[e] - Y0[e]) / fabs(Y0[e]));

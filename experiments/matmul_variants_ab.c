@@ -47,27 +47,19 @@ static void call(int v, int i) {
   both();
 }
 int main(int argc, char **argv) {
-  if (argc != 3) return fprintf(stderr, "usage: %s M1,M2,... ROUNDS\n", argv[0]), 2;
-  int Ms[32], nm = 0, rounds = atoi(argv[2]);
-  for (char *s = strtok(argv[1], ","); s && nm < 32; s = strtok(NULL, ",")) Ms[nm++] = atoi(s);
-  if (rounds < 1 || rounds > 200) return fprintf(stderr, "ROUNDS: 1 to 200\n"), 2;
-  int64_t Mmax = 1;
-  for (int m = 0; m < nm; m++) Mmax = Ms[m] > Mmax ? Ms[m] : Mmax;
+  int Ms[32], nm, rounds;
+  int64_t Mmax = args(argc, argv, Ms, &nm, &rounds);
+  if (!Mmax) return 2;
   for (int i = 0; i < NW; i++) {
     float *B = weight(i);
     panels[0][i] = a_pack_f32(B, KK[i], NN[i]), panels[1][i] = b_pack_f32(B, KK[i], NN[i]);
     free(B);
   }
-  X = malloc(4 * Mmax * 1536), Y = malloc(4 * Mmax * 49152);
-  float *Y0 = malloc(4 * Mmax * 49152);
-  for (int64_t i = 0; i < Mmax * 1536; i++) X[i] = (float)(i % 97) / 97.f - 0.5f;
+  float *Y0 = buffers(Mmax);
   double (*t)[32][200] = calloc(2, sizeof *t);
   sweeps(Ms, nm, rounds, t, call);
   for (int m = 0; m < nm; m++) {
-    curM = Ms[m];
-    call(0, NW - 1);
-    memcpy(Y0, Y, 4 * curM * 49152);
-    call(1, NW - 1);
+    heads(Ms[m], Y0, call);
     double md[5];
     medians(t, m, rounds, md);
     int same = !memcmp(Y0, Y, 4 * curM * 49152);

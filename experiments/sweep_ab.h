@@ -69,3 +69,26 @@ static void medians(double (*t)[32][200], int m, int rounds, double out[5]) {
   qsort(q, rounds, sizeof(double), cmp);
   out[0] = t[0][m][rounds / 2], out[1] = t[1][m][rounds / 2], out[2] = q[rounds / 2], out[3] = q[0], out[4] = q[rounds - 1];
 }
+/* argv: "M1,M2,... ROUNDS" into Ms / nm / rounds; the largest M; 0 on bad arguments (the usage printed) */
+static int64_t args(int argc, char **argv, int *Ms, int *nm, int *rounds) {
+  if (argc != 3) return fprintf(stderr, "usage: %s M1,M2,... ROUNDS\n", argv[0]), 0;
+  *nm = 0, *rounds = atoi(argv[2]);
+  for (char *s = strtok(argv[1], ","); s && *nm < 32; s = strtok(NULL, ",")) Ms[(*nm)++] = atoi(s);
+  if (*rounds < 1 || *rounds > 200) return fprintf(stderr, "ROUNDS: 1 to 200\n"), 0;
+  int64_t Mmax = 1;
+  for (int m = 0; m < *nm; m++) Mmax = Ms[m] > Mmax ? Ms[m] : Mmax;
+  return Mmax;
+}
+/* X (Mmax rows of activations, deterministic) and Y, and a copy of Y's size */
+static float *buffers(int64_t Mmax) {
+  X = malloc(4 * Mmax * 1536), Y = malloc(4 * Mmax * 49152);
+  for (int64_t i = 0; i < Mmax * 1536; i++) X[i] = (float)(i % 97) / 97.f - 0.5f;
+  return malloc(4 * Mmax * 49152);
+}
+/* the head's outputs at M rows both ways: way 0's into Y0, way 1's left in Y */
+static void heads(int M, float *Y0, void (*call)(int, int)) {
+  curM = M;
+  call(0, NW - 1);
+  memcpy(Y0, Y, 4 * curM * 49152);
+  call(1, NW - 1);
+}
