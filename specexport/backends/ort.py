@@ -57,9 +57,10 @@ class OrtBackend(BackendBase):
         self.any_t = bool(self.fused and self.kernel and (self.nbits or not quant)
                           and kernels.matmul_on(self.kernel, self.weights != "float32"))
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",
-                         "bf16dot": "bfloat16 activations and weights at the weight MatMuls"
-                         + (" (AMX tiles)" if self.weights == "bf16dot" and kernels.matmul_amx(self.kernel) else "")
-                         }.get(self.weights, f"{entry.activations or 'float32'} activations")
+                         "bf16dot": "bfloat16 activations and weights at the weight MatMuls"}.get(
+            self.weights, f"{entry.activations or 'float32'} activations")
+        if self.weights == "bf16dot" and kernels.matmul_amx(self.kernel):
+            self.numerics += " (AMX tiles)"
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")
         self.root, self._mixed = root, None

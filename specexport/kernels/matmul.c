@@ -236,32 +236,51 @@ typedef struct {
  * rows (as many rows in each) over all K. Its panels lie end to end in memory: while it reads one, the next is
  * prefetched (a cursor spread evenly over the passes, so the memory stays busy however many rows), what its
  * register blocks then find in cache. */
+/* Task p's share of a call (part and part_amx): its VL-column vectors [v0, v1), and its panels' stream for the
+ * prefetch cursor: `ahead` starts at its first panel with one pass over each, at its second with several
+ * (each panel's passes then bring in the next one); `end` is past its last panel. */
+typedef struct {
+  int64_t v0, v1;
+  const char *end, *ahead;
+} Share;
+static Share share(const Call *c, size_t p, int64_t bytes, int64_t passes) {
+  int64_t nv = (c->N + VL - 1) / VL;
+  Share s = {nv * (int64_t)p / c->nparts, nv * ((int64_t)p + 1) / c->nparts};
+  s.end = (const char *)c->panels + (s.v1 + PV - 1) / PV * bytes;
+  s.ahead = (const char *)c->panels + (s.v0 / PV + (passes > 1)) * bytes;
+  return s;
+}
+/* how far a pass's prefetches may run: `to` (within the panels after the one being read), never past the
+ * share's end; NULL with one pass (then DIST ahead of the reads) */
+static const char *pace(const Share *s, const char *to, int64_t passes) {
+  return passes == 1 ? NULL : to < s->end ? to : s->end;
+}
+
 static void part(void *arg, size_t p) {
   const Call *c = arg;
-  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, es = c->format == BF16 ? 2 : 4, bytes = K * PW * es;
-  int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts;
+  const int64_t K = c->K, N = c->N, es = c->format == BF16 ? 2 : 4, bytes = K * PW * es;
   int64_t passes = (c->M + RB - 1) / RB, rp = (c->M + passes - 1) / passes; /* rows per pass, balanced */
   /* One pass (M <= RB): the cursor starts at the part's first byte and keeps DIST ahead of the row being read,
    * up to twice as fast as the reads (a panel row is PW * 4 / 64 lines). Several: it starts at the second panel
    * and brings in a panel over the passes over the one before, at the pace the work goes. */
   int lines = (int)(passes == 1 ? 2 * PW * es / 64 : (PW * es / 64 + passes - 1) / passes);
   if (lines < 1) lines = 1; /* a bfloat16 panel row of the AVX2 build is half a line */
-  const char *base = (const char *)c->panels, *end = base + (v1 + PV - 1) / PV * bytes;
-  const char *ahead = base + (v0 / PV + (passes > 1)) * bytes;
-  for (int64_t v = v0; v < v1;) {
-    int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
-    const char *w = (const char *)c->panels + (panel * K * PW + VL * a) * es;
+  const char *base = (const char *)c->panels;
+  Share sh = share(c, p, bytes, passes);
+  for (int64_t v = sh.v0; v < sh.v1;) {
+    int64_t panel = v / PV, a = v % PV, b = sh.v1 - panel * PV < PV ? sh.v1 - panel * PV : PV;
+    const char *w = base + (panel * K * PW + VL * a) * es;
     int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
     /* more than two passes: KC rows of the panel at a time (256 kB, kept in L2 while every pass reads them) */
     int64_t kc = passes > 2 ? KC : K;
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       int64_t k1 = k0 + kc < K ? k0 + kc : K;
       for (int64_t r = 0, pass = 1; r < c->M; r += rp, pass++) {
-        const char *limit = base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes);
-        limit = passes == 1 ? NULL : limit < end ? limit : end;
+        const char *limit =
+            pace(&sh, base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes), passes);
         int R = c->M - r < rp ? (int)(c->M - r) : (int)rp;
-        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, cols, &ahead,
-                                    limit, lines);
+        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, cols,
+                                    &sh.ahead, limit, lines);
       }
     }
     v = (panel + 1) * PV;
@@ -333,25 +352,23 @@ static void configure(int R) {
  * find it in cache; each block's sums go through a 16 x PW buffer into y's rows and columns. */
 static void part_amx(void *arg, size_t p) {
   const Call *c = arg;
-  const int64_t K = c->K, N = c->N, nv = (N + VL - 1) / VL, bytes = K * PW * 4;
-  int64_t v0 = nv * (int64_t)p / c->nparts, v1 = nv * ((int64_t)p + 1) / c->nparts, passes = (c->M + 15) / 16;
+  const int64_t K = c->K, N = c->N, bytes = K * PW * 4, passes = (c->M + 15) / 16;
   int R = 0; /* the rows the tiles are configured for */
   float out[16 * PW] __attribute__((aligned(64)));
   /* prefetches per 16-row step of the panel (16 x PW x 4 bytes): as part()'s per row, times 16 */
   int lines = (int)(passes == 1 ? 2 * 16 * PW * 4 / 64 : (16 * PW * 4 / 64 + passes - 1) / passes);
-  const char *base = (const char *)c->panels, *end = base + (v1 + PV - 1) / PV * bytes;
-  const char *ahead = base + (v0 / PV + (passes > 1)) * bytes;
-  for (int64_t v = v0; v < v1;) {
-    int64_t panel = v / PV, a = v % PV, b = v1 - panel * PV < PV ? v1 - panel * PV : PV;
+  const char *base = (const char *)c->panels;
+  Share sh = share(c, p, bytes, passes);
+  for (int64_t v = sh.v0; v < sh.v1;) {
+    int64_t panel = v / PV, a = v % PV, b = sh.v1 - panel * PV < PV ? sh.v1 - panel * PV : PV;
     const uint32_t *w = (const uint32_t *)c->panels + panel * K * PW + VL * a;
     int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
     for (int64_t r = 0, pass = 1; r < c->M; r += 16, pass++) {
-      const char *limit = base + (panel + 1) * bytes + bytes * pass / passes;
-      limit = passes == 1 ? NULL : limit < end ? limit : end;
-      if (c->M - r < 16 && R != c->M - r) configure(R = (int)(c->M - r)); /* the last block's rows */
-      else if (c->M - r >= 16 && R != 16) configure(R = 16);
-      amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), out, &ahead, limit, lines);
-      for (int64_t i = 0; i < 16 && r + i < c->M; i++) memcpy(c->y + (r + i) * N + n0, out + i * PW, 4 * cols);
+      const char *limit = pace(&sh, base + (panel + 1) * bytes + bytes * pass / passes, passes);
+      int rows = c->M - r < 16 ? (int)(c->M - r) : 16; /* 16, or the last block's */
+      if (rows != R) configure(R = rows);
+      amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), out, &sh.ahead, limit, lines);
+      for (int i = 0; i < rows; i++) memcpy(c->y + (r + i) * N + n0, out + i * PW, 4 * cols);
     }
     v = (panel + 1) * PV;
   }
