@@ -175,7 +175,7 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         eng.costs.update = eng.drafts.costs.update = lambda *a: None
         rows, runs, decode, run = {}, [], eng._decode, eng.drafts.run
         eng._decode = lambda dec, ride=None: rows.update(B=eng.target.batch_for(max(s.row for s in dec) + 1)) or decode(dec, ride)
-        eng.drafts.run = lambda pairs: runs.append(rows["B"]) or run(pairs)
+        eng.drafts.run = lambda pairs, *a: runs.append(rows["B"]) or run(pairs, *a)
         cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in PROMPTS[:4]]
         while eng.step():
             pass
@@ -659,8 +659,8 @@ def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path, monkeypatch
         eng = pipe.start_engine(max_batch=1, max_queue=8)
         lens, run = [], eng.drafts.run
 
-        def spy(pairs):
-            spent = run(pairs)
+        def spy(pairs, *a):
+            spent = run(pairs, *a)
             lens.extend(len(s.drafter.props) for s, _ in pairs)
             return spent
 

@@ -601,14 +601,13 @@ class Engine:
         if not want or not verifies:
             return
         auto = self._model_k([s for s in want if s.cfg.adaptive], B)
-        self.drafts.unsure = PoolDrafts.CONFIDENT if B <= CONFIDENT_ROWS else 0.0
         if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops at its first doubt
             cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
             auto = max([auto] + [k for k in self.target.entry.verify_ks() if k <= cap])
         pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
         pairs = [(s, k) for s, k in pairs if k > 0]
         if pairs:
-            spent = self.drafts.run(pairs)
+            spent = self.drafts.run(pairs, PoolDrafts.CONFIDENT if B <= CONFIDENT_ROWS else 0.0)
             for s, _ in pairs:
                 s.c.generation.stats.draft_s += spent / len(pairs)
 

@@ -101,7 +101,7 @@ class PoolDrafts:
     engine reached 1.28x plain decoding at one request against 1.52-1.62x solo, where it shares the cache."""
 
     CATCHUP = 2  # tokens a row may be behind and still catch up in the shared calls
-    # where the engine asks (`unsure`), a request drafting with k="auto" stops drafting this step once the draft
+    # where the engine asks (run's `unsure`), a request drafting with k="auto" stops drafting this step once the draft
     # gives its latest proposal less than this probability: on 13 Spec-Bench questions (SmolLM2, its int4
     # self-draft, teacher-forced on the target's greedy output) proposals below 0.3 agreed with the target 39% of
     # the time, 0.3-0.5 66%, 0.5-0.9 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05)
@@ -113,7 +113,6 @@ class PoolDrafts:
         self.pool = SharedPool(target_pool) if self.shared else model.new_pool(rows)
         self.calls: dict = {}  # B -> draft calls of B rows (Engine.stats "draft_batch")
         self.costs = StepCosts()  # seconds of the draft's B-row calls (T = 1), by B
-        self.unsure = 0.0  # the probability below which a k="auto" row stops drafting this step (0: never)
 
     def reset(self, r: int) -> None:
         self.pool.n[r] = self.pool.target.n[r] if self.shared else 0
@@ -124,9 +123,10 @@ class PoolDrafts:
         self.pool.copy_row(src, dst)
         self.reset(src)
 
-    def run(self, want: list) -> float:
+    def run(self, want: list, unsure: float = 0.0) -> float:
         """want: (request, k) pairs (a request: .row, .ids, .pick, .drafter a RowDraft) -> seconds inside the
-        draft model; each request's drafter.props gets its k proposals."""
+        draft model; each request's drafter.props gets its k proposals, or fewer for a k="auto" request: its
+        drafting stops at the first proposal the draft gives a probability below `unsure` (0: never)."""
         pool, spent, queue = self.pool, 0.0, {}
         if self.shared:  # every row from the target's committed length; the others' writes land past it too
             pool.sync()
@@ -155,8 +155,8 @@ class PoolDrafts:
                 t = s.pick.target(out.logits[r, 0], pos) if sp.greedy or sp.sampler == "gumbel" \
                     else int(np.argmax(out.logits[r, 0]))
                 s.drafter.props.append(t)
-                unsure = s.cfg.adaptive and self.unsure and prob(out.logits[r, 0], t) < self.unsure
-                if len(s.drafter.props) < k and not unsure:
+                doubt = s.cfg.adaptive and unsure and prob(out.logits[r, 0], t) < unsure
+                if len(s.drafter.props) < k and not doubt:
                     todo.append(t)
                 else:
                     del queue[r]
