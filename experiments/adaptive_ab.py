@@ -4,7 +4,8 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
-        [--max-t T] [--calls-priced] [--guard-from B]
+        [--max-t T] [--calls-priced] [--guard-from B] [--draft recycle|model|ngram]
+--draft: the drafter of the adaptive and fixed-k methods (recycle by default; model is the bundle's draft).
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
 --max-t T: a fourth method, the adaptive choice among the profiles of at most T tokens.
@@ -79,22 +80,23 @@ def main() -> None:
     p.add_argument("--max-t", type=int, default=None)
     p.add_argument("--calls-priced", action="store_true")
     p.add_argument("--guard-from", type=int, default=None)
+    p.add_argument("--draft", default="recycle", choices=["recycle", "model", "ngram"])
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
     pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if HOLD["max_t"] is None or t <= HOLD["max_t"]] or [1]
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
-    methods = {"plain": {"draft": "none"}, "adaptive": {"draft": "recycle", "k": "auto"},
-               f"recycle-k{a.k}": {"draft": "recycle", "k": a.k}}
+    auto = {"draft": a.draft, "k": "auto"}
+    methods = {"plain": {"draft": "none"}, "adaptive": auto, f"{a.draft}-k{a.k}": {"draft": a.draft, "k": a.k}}
     if a.plain_from:
-        methods[f"adaptive-plain{a.plain_from}"] = {"draft": "recycle", "k": "auto"}
+        methods[f"adaptive-plain{a.plain_from}"] = auto
     if a.max_t:
-        methods[f"adaptive-t{a.max_t}"] = {"draft": "recycle", "k": "auto"}
+        methods[f"adaptive-t{a.max_t}"] = auto
     if a.calls_priced:
-        methods["adaptive-calls-priced"] = {"draft": "recycle", "k": "auto"}
+        methods["adaptive-calls-priced"] = auto
     if a.guard_from:
-        methods[f"adaptive-guard{a.guard_from}"] = {"draft": "recycle", "k": "auto"}
+        methods[f"adaptive-guard{a.guard_from}"] = auto
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         tps, outs = {m: [] for m in methods}, {}

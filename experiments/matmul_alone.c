@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
   uint32_t *xp = malloc(4 * M * K);
   for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 7919) % 1000) / 1000.f - 0.5f;
   for (int64_t i = 0; i < M * K; i++) x[i] = (float)((i * 104729) % 1000) / 1000.f - 0.5f;
-  Call c = {.x = x, .panels = pack(B, K, N, format), .y = y, .M = M, .K = K, .N = N, .format = format};
+  Call c = {.x = x, .panels = pack(B, K, N, format, 0), .y = y, .M = M, .K = K, .N = N, .format = format};
   int64_t nv = (N + VL - 1) / VL;
   c.nparts = threads < nv ? threads : nv;
   call_ = &c;
@@ -73,8 +73,8 @@ int main(int argc, char **argv) {
   for (int r = 0; r < reps; r++) {
     double t = now();
     if (format == DOT) { /* as compute() does */
-      pairs(x, M, K, xp);
-      c.x = (const float *)xp, c.K = (K + 1) / 2;
+      pairs(x, M, K, dot_rows(K, 0), xp);
+      c.x = (const float *)xp, c.K = dot_rows(K, 0);
     }
     pthread_t th[64];
     for (int i = 1; i < c.nparts; i++) pthread_create(&th[i], NULL, worker, (void *)(size_t)i);
