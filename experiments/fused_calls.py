@@ -49,6 +49,6 @@ def rev_library(rev: str) -> str:
             src = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, check=True, cwd=repo)
             (tmp / Path(path).name).write_bytes(src.stdout)
     out = str(tmp / "lib.so")
-    subprocess.run([kernels.compiler(), *kernels.FLAGS, "-I", str(kernels.HERE / "include"), "-o", out,
+    subprocess.run([kernels.compiler(), *kernels.flags(), "-I", str(kernels.HERE / "include"), "-o", out,
                     *sorted(str(f) for f in tmp.glob("*.c")), "-lm"], check=True)
     return out

@@ -3,6 +3,8 @@ bundle's target graph: the same calls on the same graph loaded twice, once with 
 registered, once without. The rest of the suite (lossless greedy and sampling, the engine) runs on the kernel."""
 import json
 import logging
+import shutil
+import subprocess
 
 import numpy as np
 import onnxruntime as ort
@@ -144,6 +146,24 @@ def test_library_switch_and_a_failed_build(monkeypatch, tmp_path, caplog):
         assert kernels.library(64) is None
     assert "could not be built" in caplog.text
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_build_for_another_cpu(monkeypatch):
+    """SPECEXPORT_MARCH=haswell builds the AVX2 code on this CPU (scripts/test.sh runs the kernel tests on it
+    where the CPU has AVX-512; it finds this build in the cache): a library of its own, without what only
+    AVX-512 builds have."""
+    if kernels.compiler() is None:
+        pytest.skip("no C compiler here (.ci/run installs gcc): specexport's kernel cannot be built")
+    if "avx2" not in kernels.cpu_flags().split():
+        pytest.skip("this CPU has no AVX2: a Haswell build would not run here")
+    monkeypatch.delenv("SPECEXPORT_MARCH", raising=False)
+    native = kernels.library(64)
+    monkeypatch.setenv("SPECEXPORT_MARCH", "haswell")
+    avx2 = kernels.library(64)
+    assert native and avx2 and native != avx2
+    assert not kernels.matmul_dot(avx2) and not kernels.matmul4_on(avx2)
+    if shutil.which("objdump"):  # not one AVX-512 register in its code
+        assert b"zmm" not in subprocess.run(["objdump", "-d", avx2], capture_output=True, check=True).stdout
 
 
 def test_kernel_scores_a_token_alike_in_any_call(bundle_noisy):

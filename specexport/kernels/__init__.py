@@ -11,7 +11,8 @@ whose options carry specexport.matmul_weights=bf16 (session_options(weights="bf1
 gets the MatMul with its weights rounded to bfloat16 (float32 math), on any CPU the library builds for.
 
 The library is built with the system C compiler ($CC, else cc or gcc; -O3 -march=native: this CPU's vector
-width, AVX-512 or AVX2) into a cache keyed by the sources, the flags and this CPU's flags
+width, AVX-512 or AVX2; SPECEXPORT_MARCH=haswell builds the AVX2 code on any newer x86 CPU, which is how
+scripts/test.sh tests it on AVX-512 machines) into a cache keyed by the sources, the flags and this CPU's flags
 ($SPECEXPORT_CACHE, else ~/.cache/specexport), once per machine (~1 s). No compiler, a failed build, a head
 size it does not serve (multiples of 16 up to 128 only) or SPECEXPORT_KERNELS=0 give None: onnxruntime's kernel runs,
 with one warning for a failed build. Torch-free, like the rest of the runtime.
@@ -38,6 +39,12 @@ _lock = threading.Lock()
 _built: dict = {}  # cache path -> Path or None (a failed build is not retried in this process)
 
 
+def flags() -> list[str]:
+    """The compiler's flags: FLAGS, with -march=$SPECEXPORT_MARCH in place of native where that is set."""
+    march = os.environ.get("SPECEXPORT_MARCH")
+    return [f"-march={march}" if f == "-march=native" and march else f for f in FLAGS]
+
+
 def enabled() -> bool:
     """SPECEXPORT_KERNELS=0 turns the kernels off (onnxruntime's own then run), e.g. to compare the two."""
     return os.environ.get("SPECEXPORT_KERNELS", "1") != "0"
@@ -60,7 +67,7 @@ def cache_path(cc: str) -> Path:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((HERE / name).read_bytes())
-    h.update(" ".join([cc, *FLAGS, platform.machine(), cpu_flags()]).encode())
+    h.update(" ".join([cc, *flags(), platform.machine(), cpu_flags()]).encode())
     root = Path(os.environ.get("SPECEXPORT_CACHE") or Path.home() / ".cache" / "specexport")
     return root / "kernels" / f"libspecexport_gqa-{h.hexdigest()[:16]}.so"
 
@@ -72,7 +79,7 @@ def build(cc: str, out: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-I", str(HERE / "include"), "-o", tmp, *(str(HERE / n) for n in SOURCES if n.endswith(".c")), "-lm"]
+        cmd = [cc, *flags(), "-I", str(HERE / "include"), "-o", tmp, *(str(HERE / n) for n in SOURCES if n.endswith(".c")), "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
