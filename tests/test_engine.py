@@ -647,6 +647,35 @@ def test_a_chain_priced_out_is_tried_again(bundles, monkeypatch):
         assert (g.stats.proposed > 0) == speculates, (pull, g.stats)
 
 
+def test_a_request_starts_from_its_drafters_acceptance(bundles):
+    """A chain drafter's request is admitted with the acceptance that drafter's chains have had over the
+    requests before it (0.5 before any), and what its own verified chains make goes into that pool; the
+    tokens do not change."""
+    from specexport.runtime.drafters.ngram import NgramDrafter
+
+    pipe = specexport.load(bundles["fused"])
+    prompt = "abc abc abc abc abc abc abc"
+    want = solo(pipe, prompt, max_new_tokens=40)
+    eng = pipe.start_engine(max_batch=1)
+    eng._thread = True  # drive the loop by hand
+    rates, proposed = [], 0
+    for pool in (None, [0.2, 2.0], [1.8, 2.0]):
+        if pool is not None:
+            eng.chains[NgramDrafter] = list(pool)
+        c = pipe.submit(prompt, max_new_tokens=40, draft="ngram", k="auto")
+        eng.step()
+        rates.append(eng._active[0].chain_rate)
+        tries = eng.chains.get(NgramDrafter, [0, 0])[1]
+        while eng.step():
+            pass
+        g = c.wait(1)
+        assert g.token_ids == want
+        if g.stats.proposed:  # it verified chains: they went into the pool
+            assert eng.chains[NgramDrafter][1] != tries
+        proposed += g.stats.proposed
+    assert rates == [0.5, 0.1, 0.9] and proposed
+
+
 def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path, monkeypatch):
     """k="auto" with a draft model at 1 row drafts up to 4 tokens a step, each request stopping at its first
     proposal the draft gives less than PoolDrafts.CONFIDENT: a random tiny model is never that sure (its proposals

@@ -38,8 +38,12 @@ ADMIT_GAP_S, ADMIT_MAX_S = 0.010, 0.050  # how an idle engine collects a burst b
 # row fewer in a call saves ~1.5 ms per step on SmolLM2, the copy of a few hundred cached tokens costs ~2 ms
 MOVE_MIN_LEFT = 4
 # a chain's running acceptance (ngram, draft model) is measured only on steps that verify it; a step that
-# offered a chain and verified none of it (its rate priced it out) pulls the rate this far towards the prior
-# 0.5, so that a request whose drafts missed for a while tries them again later instead of never
+# offered a chain and verified none of it (its rate priced it out) pulls the rate this far towards the prior,
+# so that a request whose drafts missed for a while tries them again later instead of never. The prior is the
+# acceptance of that drafter's chains over every request's verified steps (Engine.chains; 0.5 before any): a
+# request starts from it, worth two tried tokens. From 0.5 instead, requests admitted while 4 others decoded
+# (k = "auto", the int4 self-draft, whose chains were accepted at ~0.8) were priced out before their first
+# draft and never measured: k = 0 on 246 of a burst's 4-row steps, 0.93x fixed k = 4 (2026-12-05, xeon-m207)
 CHAIN_PRIOR_PULL = 0.05
 # the weight of a chain's past steps in its running acceptance, per verified step: 0.8 followed the misses
 # so closely that one request's self-draft went to k = 2 on a quarter of its steps and made 0.95x fixed k = 4;
@@ -178,6 +182,7 @@ class Engine:
         self.groups = getattr(target, "groups", 0)
         self.pair_costs = StepCosts()
         self.payoff = Payoff()  # whether speculating still pays, per batch size >= 3 (adaptive requests only)
+        self.chains: dict = {}  # chain drafter's type -> [hits, tries] over every request's verified chains
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -385,6 +390,8 @@ class Engine:
                 except BaseException as e:  # noqa: BLE001
                     c._finish("error", e)
                     continue
+                if type(s.drafter) in self.chains:  # a chain drafter's request starts from what its chains made
+                    s.chain_hits, s.chain_tries = 2.0 * self._chain_prior(s), 2.0
                 s.row = self.pool.acquire()
                 s.cache = self.pool.row(s.row)
                 if self.drafts is not None:
@@ -687,8 +694,10 @@ class Engine:
             a = len(emitted) - 1
             s.chain_hits = CHAIN_DECAY * s.chain_hits + a
             s.chain_tries = CHAIN_DECAY * s.chain_tries + a + (a < n - 1)
+            pool = self.chains.setdefault(type(s.drafter), [1.0, 2.0])
+            pool[0], pool[1] = CHAIN_DECAY * pool[0] + a, CHAIN_DECAY * pool[1] + a + (a < n - 1)
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
-            s.chain_hits += CHAIN_PRIOR_PULL * (0.5 * s.chain_tries - s.chain_hits)
+            s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
         a = len(emitted) - 1
         st.steps += 1
         st.proposed += n - 1
@@ -698,6 +707,11 @@ class Engine:
         st.hist[a] += 1
         st.verify_s += out.run_s
         self._emit(s, emitted)
+
+    def _chain_prior(self, s: Sequence) -> float:
+        """The acceptance of s's drafter's chains over every request's verified steps (0.5 before any)."""
+        hits, tries = self.chains.get(type(s.drafter), (1.0, 2.0))
+        return hits / tries
 
     def _first(self, s: Sequence, logits: np.ndarray) -> None:
         """The whole prompt is in the cache: the logits of its last row [V] give the first token (no decode
