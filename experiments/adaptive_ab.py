@@ -17,7 +17,7 @@ more rows (below B it never pauses, as at one row).
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
-token). The successor table and the speculation guard start empty for every burst (as the bench's load runs do).
+token). The successor table, the speculation guard and the chains' pooled acceptance start empty for every burst.
 """
 import argparse
 import json
@@ -61,6 +61,7 @@ Engine._choose_T = choose_T
 def burst(pipe, prompts, n, opts):
     pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
     pipe.engine.payoff = Payoff()  # the speculation guard starts afresh too, whatever the burst before did
+    pipe.engine.chains = {}  # and the chain drafters' acceptance that new requests start from
     t = time.perf_counter()
     cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
     toks = [c.wait(600).token_ids for c in cs]
