@@ -659,13 +659,13 @@ def test_a_request_starts_from_its_drafters_acceptance(bundles):
     eng = pipe.start_engine(max_batch=1)
     eng._thread = True  # drive the loop by hand
     rates, proposed = [], 0
-    for pool in (None, [0.2, 2.0], [1.8, 2.0]):
+    for pool in (None, (0.2, 2.0), (1.8, 2.0)):
         if pool is not None:
-            eng.chains[NgramDrafter] = list(pool)
+            eng.chains[NgramDrafter] = pool
         c = pipe.submit(prompt, max_new_tokens=40, draft="ngram", k="auto")
         eng.step()
         rates.append(eng._active[0].chain_rate)
-        tries = eng.chains.get(NgramDrafter, [0, 0])[1]
+        tries = eng.chains.get(NgramDrafter, (0, 0))[1]
         while eng.step():
             pass
         g = c.wait(1)

@@ -56,6 +56,12 @@ CHAIN_DECAY = 0.95
 CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 
+def _decayed(hits: float, tries: float, a: int, missed: bool) -> tuple:
+    """A chain's running sums after a verified step that accepted a drafted tokens (and tried one more, which
+    missed, when `missed`), the earlier steps weighted CHAIN_DECAY."""
+    return CHAIN_DECAY * hits + a, CHAIN_DECAY * tries + a + missed
+
+
 class Completion:
     """One submitted request. Iterate for text pieces (blocks until each is ready); `generation` fills as it
     goes; `cancel()` ends it at the next step and frees its place."""
@@ -182,7 +188,7 @@ class Engine:
         self.groups = getattr(target, "groups", 0)
         self.pair_costs = StepCosts()
         self.payoff = Payoff()  # whether speculating still pays, per batch size >= 3 (adaptive requests only)
-        self.chains: dict = {}  # chain drafter's type -> [hits, tries] over every request's verified chains
+        self.chains: dict = {}  # chain drafter's type -> (hits, tries) over every request's verified chains
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -390,8 +396,7 @@ class Engine:
                 except BaseException as e:  # noqa: BLE001
                     c._finish("error", e)
                     continue
-                if type(s.drafter) in self.chains:  # a chain drafter's request starts from what its chains made
-                    s.chain_hits, s.chain_tries = 2.0 * self._chain_prior(s), 2.0
+                s.chain_hits, s.chain_tries = 2.0 * self._chain_prior(s), 2.0  # what its drafter's chains made
                 s.row = self.pool.acquire()
                 s.cache = self.pool.row(s.row)
                 if self.drafts is not None:
@@ -692,10 +697,9 @@ class Engine:
             # (a when all were accepted), and the per-token rate is hits / tries (the geometric law's estimate;
             # a / (n - 1), the share accepted, read a rate of 0.8 at k = 4 as ~0.6 and sized drafts too short)
             a = len(emitted) - 1
-            s.chain_hits = CHAIN_DECAY * s.chain_hits + a
-            s.chain_tries = CHAIN_DECAY * s.chain_tries + a + (a < n - 1)
-            pool = self.chains.setdefault(type(s.drafter), [1.0, 2.0])
-            pool[0], pool[1] = CHAIN_DECAY * pool[0] + a, CHAIN_DECAY * pool[1] + a + (a < n - 1)
+            s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
+            kind = type(s.drafter)
+            self.chains[kind] = _decayed(*self.chains.get(kind, (1.0, 2.0)), a, a < n - 1)
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
             s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
         a = len(emitted) - 1
