@@ -172,3 +172,17 @@ def test_batch_parity_at_the_engines_largest_call(ckpts, tmp_path):
                                                                                        "batch_B2_T8"}
     r = t["parity"]["batch_B2_T8"]
     assert len(set(r["cache_lengths"])) == 2 and r["max_abs"] < 1e-4 and r["top1"] == 1.0
+
+
+def test_a_tree_near_the_capacity_takes_a_t_that_fits(pipe, monkeypatch):
+    """A prompt + max_new_tokens that fill the bundle exactly, recycle's trees verified at the largest T the
+    step may take: every node takes a slot, so near the end the step takes a smaller T, never one past the
+    capacity (a 32-token prompt drew T = 5 at 92 cached of 96); the tokens are plain decoding's."""
+    from specexport.runtime.costs import StepCosts
+
+    prompt = "the cat sat on the mat. the cat"
+    n = pipe.manifest.capacity - len(pipe.encode(prompt))
+    want = pipe.generate(prompt, max_new_tokens=n, draft="none").token_ids
+    monkeypatch.setattr(StepCosts, "best", lambda self, B, ts, expected: max(ts))
+    got = pipe.generate(prompt, max_new_tokens=n, draft="recycle", k=4)
+    assert got.token_ids == want and got.stats.accepted > 0

@@ -156,6 +156,9 @@ def tree_step(target: Backend, cache, drafter: TreeDrafter, tokens: list[int], n
     along the tree, let the drafter learn from the call."""
     N = len(tokens)
     t = drafter.draft(tokens, nodes, room)
+    # `room` bounds the tree's depth, not its nodes, and every node takes a cache slot for the call: near the
+    # capacity only the T that fit (a 32-token prompt of a 96-slot bundle, 60 tokens in, drew T = 5)
+    ts = [T for T in ts if N - 1 + T <= target.capacity] or [1]
     cum = np.concatenate([[1.0], 1.0 + np.cumsum(t.score[1:])])
     T = costs.best(1, ts, lambda T: cum[min(T, len(t)) - 1])
     ids, pos, mask = t.inputs(T, N)
