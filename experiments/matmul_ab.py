@@ -1,11 +1,13 @@
 """specexport's MatMul kernel (specexport/kernels/matmul.c) against onnxruntime's (MLAS): one fused target graph
 loaded twice, both with the attention kernel, one with SPECEXPORT_MATMUL=0 (onnxruntime's MatMul), calls
 interleaved (order swapped each round), same inputs, rows' caches of random numbers.
-    python experiments/matmul_ab.py BUNDLE [ROUNDS] [mlas|bf16|bf16dot|amx]
+    python experiments/matmul_ab.py BUNDLE [ROUNDS] [mlas|bf16|bf16dot|amx|amxattn]
 The third argument picks the other side: onnxruntime's MatMul (mlas, the default), or the same kernel with
 bfloat16 weights (bf16; its logits differ from float32's by the weights' rounding) or with weights and
 activations in bfloat16, multiplied in pairs by VDPBF16PS (bf16dot, where the CPU has avx512_bf16). amx: both
 sides bf16dot, "ours" on VDPBF16PS (SPECEXPORT_AMX=0), the other on AMX tiles (where the CPU has amx_bf16).
+amxattn: both sides bf16dot with the MatMuls on AMX, "ours" with the float32 attention
+(SPECEXPORT_ATTENTION_AMX=0), the other with the attention's products on the tiles too (kernels/gqa_amx.h).
 Calls: (B, T) = (1,1), (4,1), (8,1), (16,1), (1,9) verify, (8,5), (8,9), a 64-token chunk at n = 0 and a
 256-token chunk at n = 1,024. Also checked: each row of an (8,1) call against the same row run alone, (1,1),
 bit for bit (matmul.c's rows do not depend on what shares their call)."""
@@ -26,11 +28,12 @@ assert lib, "the kernel library did not build"
 sessions = {}
 for who in ("ours", OTHER):
     os.environ["SPECEXPORT_MATMUL"] = "0" if who == "mlas" else "1"  # read when the library is registered
-    os.environ["SPECEXPORT_AMX"] = "1" if who == "amx" else "0"  # read when each MatMul kernel is made
-    weights = "bf16dot" if OTHER == "amx" else who if who.startswith("bf16") else "float32"
+    os.environ["SPECEXPORT_AMX"] = "1" if who in ("amx", "amxattn") or OTHER == "amxattn" else "0"  # per kernel
+    os.environ["SPECEXPORT_ATTENTION_AMX"] = "1" if who == "amxattn" else "0"  # read when a session registers
+    weights = "bf16dot" if OTHER in ("amx", "amxattn") else who if who.startswith("bf16") else "float32"
     sessions[who] = ort.InferenceSession(str(root / "target.onnx"), session_options(2, lib, weights),
                                          providers=["CPUExecutionProvider"])
-os.environ.pop("SPECEXPORT_MATMUL"), os.environ.pop("SPECEXPORT_AMX")
+os.environ.pop("SPECEXPORT_MATMUL"), os.environ.pop("SPECEXPORT_AMX"), os.environ.pop("SPECEXPORT_ATTENTION_AMX")
 base = np.random.default_rng(0).standard_normal((L, 2, 16, Hkv, S, D), dtype=np.float32) * 0.5
 caches = {w: base.copy() for w in sessions}
 

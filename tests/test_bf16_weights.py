@@ -150,3 +150,92 @@ def test_bf16_refused_where_the_kernel_cannot_hold_it(bundle_noisy, bundle_porta
     monkeypatch.setenv("SPECEXPORT_MATMUL", "0")
     with pytest.raises(OptionError, match="SPECEXPORT_MATMUL=0"):
         specexport.load(bundle_noisy, backend="onnxruntime-bf16")
+
+
+@pytest.fixture(scope="module")
+def amx_dot(bundle_noisy):
+    """bf16dot with its attention on AMX tiles (the default where its MatMuls run on them; set here all the same)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECEXPORT_ATTENTION_AMX", "1")
+    lib = kernels.library(16)
+    if not (kernels.matmul_dot(lib) and kernels.attention_amx(lib)):
+        mp.undo()
+        pytest.skip("no AMX here (amx_bf16, and Linux's grant of the tiles): bf16dot's attention runs in float32")
+    yield specexport.load(bundle_noisy, backend="onnxruntime-bf16dot")
+    mp.undo()
+
+
+def test_amx_attention_rows_score_alike_in_any_call(amx_dot, bundle_noisy, monkeypatch):
+    """bf16dot's attention on AMX tiles (kernels/gqa_amx.h): numerics of its own (close to the float32
+    attention's, not equal), and past 64 cached tokens, where the tiles sum the cache's keys, a chain's and a
+    tree's verify rows still equal their decode calls bit for bit."""
+    from specexport import bundle
+    from specexport.backends.ort import OrtBackend
+    from specexport.runtime.prefill import feed, verify_drifts
+
+    t = amx_dot.target
+    assert "attention's products (AMX tiles)" in t.numerics and t.entry.exact_trees
+    for seed, n_past in ((0, 70), (1, 87), (2, 33), (3, 60), (4, 61)):
+        assert verify_drifts(t, seed, n_past=n_past) == (0.0, 0.0), (seed, n_past)
+    monkeypatch.setenv("SPECEXPORT_ATTENTION_AMX", "0")
+    m = bundle.read(bundle_noisy)
+    f32 = OrtBackend(bundle_noisy, m.target, m.buckets, weights="bf16dot")
+    assert "attention" not in f32.numerics
+    ids = np.random.default_rng(0).integers(3, m.target.arch["vocab_size"], 90).tolist()
+    a, _ = feed(t, t.new_cache(), ids)
+    b, _ = feed(f32, f32.new_cache(), ids)
+    assert not np.array_equal(a, b) and np.abs(a - b).max() < 0.02 * np.abs(b).max()
+
+
+def test_amx_attention_lossless_past_the_tiles(amx_dot):
+    """Every drafter, solo and batched, against its own plain decoding, on generations that run past 64
+    tokens (the tiles' part of each query's keys grows from there)."""
+    plain = [amx_dot.generate(p, max_new_tokens=64, draft="none").token_ids for p in PROMPTS]
+    accepted = 0
+    for p, want in zip(PROMPTS, plain):
+        for draft, k in [("model", 4), ("ngram", 4), ("recycle", "auto")]:
+            g = amx_dot.generate(p, max_new_tokens=64, draft=draft, k=k)
+            assert g.token_ids == want, (p, draft, k)
+            accepted += g.stats.accepted
+    assert accepted > 0
+    for draft in ("none", "model", "recycle"):
+        got = amx_dot.generate_batch(PROMPTS, max_new_tokens=64, draft=draft)
+        assert [g.token_ids for g in got] == plain, draft
+
+
+def random_tree_mismatches(m, trials: int, seed: int) -> list:
+    """Random draft trees (any branching, up to the largest verify profile) at random cache lengths on model m:
+    the nodes of each tree's deepest path whose verify-call logits differ from their decode call's, once the path
+    before them is committed (a node sits at another slot of the verify call than of its decode call)."""
+    from specexport.runtime.prefill import feed
+
+    rng, bad = np.random.default_rng(seed), []
+    V, T = m.entry.arch["vocab_size"], max(m.entry.profiles[f"verify_{k}"] for k in m.entry.verify_ks())
+    for trial in range(trials):
+        n_past = int(rng.integers(2, m.capacity - 2 * T))
+        parent = [-1] + [int(rng.integers(0, i)) for i in range(1, T)]
+        depth, mask = [0] * T, np.eye(T, dtype=bool)
+        for i in range(1, T):
+            depth[i] = depth[parent[i]] + 1
+            j = parent[i]
+            while j >= 0:
+                mask[i, j], j = True, parent[j]
+        ids = rng.integers(3, V, n_past + T).tolist()
+        cache = m.new_cache()
+        feed(m, cache, ids[:n_past])
+        tree = m.step(cache, ids[n_past:], n_past, new_mask=mask[None], positions=n_past + np.array(depth)).logits
+        path, i = [], int(np.argmax(depth))
+        while i >= 0:
+            path, i = [i] + path, parent[i]
+        for d, i in enumerate(path):
+            out = m.step(cache, [ids[n_past + i]], n_past + d)
+            cache.commit(out.new_kv, [0])
+            if not np.array_equal(tree[i], out.logits[0]):
+                bad.append((trial, n_past, parent, i))
+    return bad
+
+
+def test_amx_attention_random_trees_score_as_their_paths(amx_dot):
+    """Every node on random trees' paths scores bit for bit as its decode call (the real model's version of this
+    check, tests/test_smollm2.py, is the one that caught a weights' sum split by slot)."""
+    assert random_tree_mismatches(amx_dot.target, 40, 7) == []

@@ -59,8 +59,9 @@ class OrtBackend(BackendBase):
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",
                          "bf16dot": "bfloat16 activations and weights at the weight MatMuls"}.get(
             self.weights, f"{entry.activations or 'float32'} activations")
-        if self.weights == "bf16dot" and kernels.matmul_amx(self.kernel):
-            self.numerics += " (AMX tiles)"
+        if self.weights == "bf16dot" and kernels.matmul_amx(self.kernel):  # and its attention (kernels/gqa_amx.h)
+            self.numerics += (" and the attention's products (AMX tiles)" if kernels.attention_amx(self.kernel)
+                              else " (AMX tiles)")
         self.plain_only_fix = ("rebuild with --pad-decode (chain drafts then verify exactly), or with "
                                "--target-activations float32")
         self.root, self._mixed = root, None

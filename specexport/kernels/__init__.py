@@ -1,6 +1,8 @@
 """specexport's own CPU kernels for onnxruntime, compiled on first use for the CPU they run on.
 
-gqa.c is GroupQueryAttention as the fused graphs use it, matmul.c their weights' MatMul, matmul4.c MatMulNBits
+gqa.c is GroupQueryAttention as the fused graphs use it (gqa_amx.h: its products on AMX tiles, for a bf16dot
+session whose MatMuls run there; SPECEXPORT_ATTENTION_AMX=0 keeps the float32 attention), matmul.c their
+weights' MatMul, matmul4.c MatMulNBits
 for int4 weights with int8 activations (why and how: each file's header comment, docs/design.md "The attention
 kernel", "The weights' MatMul" and "Quantised targets"). `library(head_dim)` gives
 the path of the shared library to load into a session's options (`register_custom_ops_library`); it registers
@@ -31,7 +33,7 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = ("gqa.c", "gqa_rows.h", "matmul.c", "matmul4.c", "ops.h")
+SOURCES = ("gqa.c", "gqa_rows.h", "gqa_amx.h", "matmul.c", "matmul4.c", "ops.h")
 HEAD_DIMS = tuple(range(16, 129, 16))  # gqa.c's register-blocked paths
 FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-Wall"]
 log = logging.getLogger("specexport")
@@ -139,3 +141,8 @@ def library(head_dim: int) -> str | None:
                 _built[out] = None
         path = _built[out]
     return str(path) if path else None
+
+
+def attention_amx(path: str) -> bool:
+    """Whether a bf16dot session's attention runs on AMX tiles too (gqa_amx.h): where its MatMuls do."""
+    return bool(ctypes.CDLL(path).specexport_attention_amx())

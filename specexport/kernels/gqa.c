@@ -29,6 +29,7 @@ const OrtApi *specexport_ort; /* ops.h: matmul.c uses it too */
 typedef struct {
   int64_t heads, kv_heads, rotary;
   float scale;
+  int amx; /* attend_amx (gqa_amx.h): a bf16dot session whose MatMuls run on AMX */
 } Kernel;
 
 typedef struct {
@@ -194,6 +195,14 @@ static void attend(void *arg, size_t task) {
   rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, qt, c->out, orow);
 }
 
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
+#include "gqa_amx.h"
+#define GQA_AMX 1
+#else
+#define GQA_AMX 0
+static void attend_amx(void *arg, size_t task) { attend(arg, task); }
+#endif
+
 /* whether b[0..n) are all zeros of either sign (adding them changes no sum) */
 static inline int zeros(const float *b, int64_t n) {
   typedef int i16u __attribute__((vector_size(64), aligned(4)));
@@ -290,9 +299,10 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   if (c.pk != p[3]) memcpy(c.pk, p[3], cache); /* present not bound to past: start from a copy */
   if (c.pv != p[4]) memcpy(c.pv, p[4], cache);
   TRY(ort->KernelContext_ParallelFor(ctx, write_kv, c.B * k->kv_heads, 0, &c));
-  c.tblock = c.T <= 16 ? c.T : 16;
+  int64_t tb = k->amx ? 32 : 16; /* on tiles a task converts its row's K and V once: fewer, longer tasks */
+  c.tblock = c.T <= tb ? c.T : tb;
   c.nblocks = (c.T + c.tblock - 1) / c.tblock;
-  TRY(ort->KernelContext_ParallelFor(ctx, attend, c.B * k->kv_heads * c.nblocks, 0, &c));
+  TRY(ort->KernelContext_ParallelFor(ctx, k->amx ? attend_amx : attend, c.B * k->kv_heads * c.nblocks, 0, &c));
   return c.oom ? ort->CreateStatus(ORT_FAIL, "GroupQueryAttention (specexport): out of memory for scratch") : NULL;
 }
 
@@ -319,6 +329,13 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
   return NULL;
 }
 
+/* gqa_amx_op's kernels: attend_amx */
+static OrtStatus *create_amx(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+  OrtStatus *st = create(op, api, info, out);
+  if (!st) ((Kernel *)*out)->amx = 1;
+  return st;
+}
+
 static const char *name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
 static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
   (void)op;
@@ -336,6 +353,7 @@ static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size
 
 extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op; /* matmul.c */
 int specexport_matmul_dot(void);
+int specexport_matmul_amx(void);
 extern OrtCustomOp specexport_matmul4_op; /* matmul4.c (AVX512-VNNI builds) */
 int specexport_matmul4_on(void);
 
@@ -352,21 +370,23 @@ int specexport_matmul_on(int bf16) {
 #endif
 }
 
-static OrtCustomOp gqa_op = {
-    .version = API_VERSION,
-    .GetName = name,
-    .GetExecutionProviderType = provider,
-    .GetInputType = in_type,
-    .GetInputTypeCount = in_count,
-    .GetOutputType = out_type,
-    .GetOutputTypeCount = out_count,
-    .KernelDestroy = destroy,
-    .GetInputCharacteristic = in_kind,
-    .GetOutputCharacteristic = out_kind,
-    .GetInputMemoryType = mem_type,
-    .CreateKernelV2 = create,
-    .KernelComputeV2 = compute,
-};
+#define GQA_OP(CREATE)                                                                                   \
+  {                                                                                                      \
+    .version = API_VERSION, .GetName = name, .GetExecutionProviderType = provider, .GetInputType = in_type, \
+    .GetInputTypeCount = in_count, .GetOutputType = out_type, .GetOutputTypeCount = out_count,             \
+    .KernelDestroy = destroy, .GetInputCharacteristic = in_kind, .GetOutputCharacteristic = out_kind,      \
+    .GetInputMemoryType = mem_type, .CreateKernelV2 = CREATE, .KernelComputeV2 = compute,                 \
+  }
+static OrtCustomOp gqa_op = GQA_OP(create), gqa_amx_op = GQA_OP(create_amx);
+
+/* Whether a bf16dot session's attention runs on AMX tiles (gqa_amx.h): where its MatMuls do (SPECEXPORT_AMX not
+ * 0, the tiles granted), unless SPECEXPORT_ATTENTION_AMX=0 (the float32 attention: another bf16dot target, to
+ * compare). Read when a session is made; the runtime asks, to describe the target's numerics
+ * (kernels.attention_amx). */
+int specexport_attention_amx(void) {
+  const char *e = getenv("SPECEXPORT_ATTENTION_AMX");
+  return GQA_AMX && !(e && !strcmp(e, "0")) && specexport_matmul_dot() && specexport_matmul_amx();
+}
 
 /* the session option `key` into out (size 16), "" when it is not set (or too long to be one of ours) */
 static void option(const OrtSessionOptions *options, const char *key, char out[16]) {
@@ -379,8 +399,13 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   ort = base->GetApi(API_VERSION);
   if (!ort) return NULL; /* the runtime is older than API 17: nothing registered, its own kernel runs */
   OrtCustomOpDomain *domain;
+  char val[16] = "";
+  option(options, "specexport.matmul_weights", val);
+  int bf16 = !strcmp(val, "bf16"), dot = !strcmp(val, "bf16dot") && specexport_matmul_dot();
   TRY(ort->CreateCustomOpDomain("com.microsoft", &domain));
-  TRY(ort->CustomOpDomain_Add(domain, &gqa_op));
+  /* a bf16dot session on AMX: the attention's products on the tiles too */
+  int tiles = dot && specexport_matmul_on(1) && specexport_attention_amx();
+  TRY(ort->CustomOpDomain_Add(domain, tiles ? &gqa_amx_op : &gqa_op));
   /* matmul4.c's MatMulNBits, for an int4 target with int8 activations (backends/ort.py asks for it) */
   char nbits[16] = "";
   option(options, "specexport.matmul_nbits", nbits);
@@ -389,9 +414,6 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
 #endif
   TRY(ort->AddCustomOpDomain(options, domain));
   /* matmul.c's MatMul, bfloat16 weights where the session's options ask for them (backend onnxruntime-bf16) */
-  char val[16] = "";
-  option(options, "specexport.matmul_weights", val);
-  int bf16 = !strcmp(val, "bf16"), dot = !strcmp(val, "bf16dot") && specexport_matmul_dot();
   if (!specexport_matmul_on(bf16 || dot)) return NULL;
   OrtCustomOpDomain *onnx;
   TRY(ort->CreateCustomOpDomain("", &onnx));

@@ -86,7 +86,7 @@ def measured_entry(model: Backend, trees: bool = True):
                                exact_trees=e.exact_trees and trees and tree <= tol)
 
 
-def verify_drifts(model: Backend, seed: int = 0) -> tuple[float, float]:
+def verify_drifts(model: Backend, seed: int = 0, n_past: int | None = None) -> tuple[float, float]:
     """Largest |logit difference| between scoring tokens in one verify call (the largest verify profile) and
     scoring them one decode call at a time, same tokens and cache -> (for a chain of T tokens, for a tree of
     two branches from one root whose second branch is decoded as root, then its nodes (in the call they sit
@@ -97,7 +97,8 @@ def verify_drifts(model: Backend, seed: int = 0) -> tuple[float, float]:
     other offsets of the call than once committed, and vectorised sums (softmax's) group them differently."""
     V = model.entry.arch["vocab_size"]
     T = max(model.entry.profiles[f"verify_{k}"] for k in model.entry.verify_ks())
-    n_past = max(1, min(model.capacity - T, model.entry.profiles.get("prefill", 1) + 3))
+    if n_past is None:  # (a prompt's first chunk and a few decode steps: the cached keys the check sums)
+        n_past = max(1, min(model.capacity - T, model.entry.profiles.get("prefill", 1) + 3))
     ids = np.random.default_rng(seed).integers(0, V, n_past + T).tolist()
     h = 1 + (T - 1) // 2  # the tree: root 0, branch [1, h) and branch [h, T), each a chain from the root
     parent = [-1] + list(range(0, h - 1)) + ([0] + list(range(h, T - 1)) if T > h else [])
