@@ -158,6 +158,28 @@ static void *scratch(size_t bytes) {
   return buf;
 }
 
+/* The queries of task (b, kv head h, tokens [t0, t1)), query i = (t - t0) G + g for query head g of the G that
+share h: its q rotated and scaled into q [i][D], the keys it sees (len), its output's offset (orow), its bias
+row or NULL, its position */
+static void queries(const Call *c, int64_t b, int64_t h, int64_t t0, int64_t t1, float *q, int64_t *len,
+                    int64_t *orow, const float **bias, int64_t *pos) {
+  const Kernel *k = c->k;
+  int64_t G = k->heads / k->kv_heads, D = c->D, past = past_of(c, b);
+  float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
+  for (int64_t t = t0; t < t1; t++) {
+    const float *row = c->qp + (b * c->T + t) * c->qs;
+    int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
+    for (int64_t g = 0; g < G; g++) {
+      int64_t i = (t - t0) * G + g;
+      rotate(q + i * D, row + (h * G + g) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
+      for (int64_t d = 0; d < D; d++) q[i * D + d] *= scale;
+      len[i] = seen(c, b, t), pos[i] = p;
+      orow[i] = ((b * c->T + t) * k->heads + h * G + g) * D;
+      bias[i] = c->bias && !c->zero_bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
+    }
+  }
+}
+
 /* Task (b, kv head, block of tokens): the attention of the block's tokens for the G query heads. */
 static void attend(void *arg, size_t task) {
   const Call *c = arg;
@@ -176,22 +198,10 @@ static void attend(void *arg, size_t task) {
     return;
   }
   float *sc = q + nq4 * D, *qt = sc + nq16 * kpad;
-  float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
-  int64_t len[nq], orow[nq];
+  int64_t len[nq], orow[nq], pos[nq];
   const float *bias[nq4];
   memset(q + nq * D, 0, (nq4 - nq) * D * sizeof(float));
-  for (int64_t t = t0; t < t1; t++) {
-    const float *row = c->qp + (b * c->T + t) * c->qs;
-    int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
-    for (int64_t g = 0; g < G; g++) {
-      int64_t i = (t - t0) * G + g;
-      rotate(q + i * D, row + (h * G + g) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
-      for (int64_t d = 0; d < D; d++) q[i * D + d] *= scale;
-      len[i] = seen(c, b, t);
-      orow[i] = ((b * c->T + t) * k->heads + h * G + g) * D;
-      bias[i] = c->bias && !c->zero_bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
-    }
-  }
+  queries(c, b, h, t0, t1, q, len, orow, bias, pos);
   rows[D / 16](q, nq, sc, kpad, K, V, keys, len, bias, qt, c->out, orow);
 }
 

@@ -90,22 +90,12 @@ static void attend_amx(void *arg, size_t task) {
   float *s = q + fq, *ob = s + fs + fk + fv + fqt + 512;
   uint16_t *kb = (uint16_t *)(s + fs);
   uint32_t *vi = (uint32_t *)(s + fs + fk), *qt = vi + fv, *pa = qt + fqt;
-  float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
   int64_t len[nq16], orow[nq16], cut[nq16]; /* cut: A_i above */
   const float *bias[nq16];
-  for (int64_t t = t0; t < t1; t++) {
-    const float *row = c->qp + (b * c->T + t) * c->qs;
-    int64_t p = c->pos ? c->pos[b * c->T + t] : past + t;
-    for (int64_t g = 0; g < G; g++) {
-      int64_t i = (t - t0) * G + g;
-      rotate(q + i * D, row + (h * G + g) * D, c->cos + p * (D / 2), c->sin + p * (D / 2), D, k->rotary);
-      for (int64_t d = 0; d < D; d++) q[i * D + d] *= scale;
-      len[i] = seen(c, b, t);
-      cut[i] = p + 1 - 16 > 0 ? p + 1 - 16 : 0;
-      cut[i] = cut[i] < len[i] ? cut[i] : len[i]; /* (a prompt's padded rows see fewer keys than p + 1) */
-      orow[i] = ((b * c->T + t) * k->heads + h * G + g) * D;
-      bias[i] = c->bias && !c->zero_bias ? c->bias + ((c->bias_rows > 1 ? b : 0) * c->T + t) * c->L : NULL;
-    }
+  queries(c, b, h, t0, t1, q, len, orow, bias, cut);
+  for (int64_t i = 0; i < nq; i++) { /* from the position to A_i (a prompt's padded rows see fewer keys than it) */
+    cut[i] = cut[i] + 1 - 16 > 0 ? cut[i] + 1 - 16 : 0;
+    cut[i] = cut[i] < len[i] ? cut[i] : len[i];
   }
   int64_t cmax = 0, n = 0;
   for (int64_t i = 0; i < nq; i++) cmax = cut[i] > cmax ? cut[i] : cmax, n = len[i] > n ? len[i] : n;
