@@ -92,21 +92,24 @@ static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (
 /* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest
  * (adding 1.5 * 2^23 leaves n in the low bits of t), r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp);
  * 0 below -87.3 (a masked score: -inf) */
-static inline v16 exp16(v16 x) {
-  const v16 zero = {0};
-  i16 under = x < -87.3f;
-  x = sel(under, zero - 87.3f, x);
-  v16 t = x * 1.44269504088896341f + 12582912.0f;
-  v16 n = t - 12582912.0f;
+/* e^r for |r| <= ln 2 / 2 (r = x - n ln 2, n an integer: Cephes' two-part ln 2), Cephes' expf polynomial */
+static inline v16 exp_r(v16 x, v16 n) {
   v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = zero + 1.9875691500e-4f;
+  v16 p = (v16){0} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  p = p * (v16)(((i16)t + (127 - 0x4b400000)) << 23);
+  return p * r * r + r + 1.0f;
+}
+
+static inline v16 exp16(v16 x) {
+  const v16 zero = {0};
+  i16 under = x < -87.3f;
+  x = sel(under, zero - 87.3f, x);
+  v16 t = x * 1.44269504088896341f + 12582912.0f;
+  v16 p = exp_r(x, t - 12582912.0f) * (v16)(((i16)t + (127 - 0x4b400000)) << 23);
   return sel(under, zero, p);
 }
 

@@ -35,15 +35,7 @@ typedef struct {
 static inline v16 exp16s(v16 x) {
   __mmask16 under = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps((__m512)x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  v16 r = x - (v16)n * 0.693359375f + (v16)n * 2.12194440e-4f;
-  v16 p = (v16){0} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)p, n);
+  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)exp_r(x, (v16)n), n);
 }
 
 /* r[i] (16 dwords each) transposed in place: r[i][j] <- r[j][i] */
@@ -79,9 +71,7 @@ static inline void to_bf16_row(const float *x, int64_t n, uint16_t *h, int64_t m
   for (; i < m; i++) h[i] = 0;
 }
 
-#define AMX_SCORE(C, Q) /* Q = 2 + C: tile numbers are literals (the intrinsics paste them) */ \
-  do { _tile_loadd(1, kb + j * DP + 32 * (C), DP * 2); _tile_dpbf16ps(0, 1, Q); } while (0)
-#define AMX_PV(G) \
+#define AMX_PV(G) /* tile numbers are literals (the intrinsics paste them) */ \
   do { _tile_loadd(5, vi + kb2 * 16 * D + 16 * (g0 + (G)), D * 4); _tile_dpbf16ps(G, 4, 5); } while (0)
 #define AMX_STORE(G) _tile_stored(G, ob + 16 * (g0 + (G)), D * 4)
 
@@ -123,8 +113,8 @@ static void attend_amx(void *arg, size_t task) {
    * weights are 0, and 0 x a stale slot's NaN would not be) */
   for (int64_t j = 0; j < (cmax + 31) / 32 * 32; j += 2)
     for (int64_t g = 0; g < DG; g++) {
-      v16 a = j < cmax ? load(V + j * D + 16 * g) : (v16){0}, b = j + 1 < cmax ? load(V + (j + 1) * D + 16 * g) : (v16){0};
-      _mm512_storeu_si512(vi + j / 2 * D + 16 * g, pair16(a, b));
+      v16 v0 = j < cmax ? load(V + j * D + 16 * g) : (v16){0}, v1 = j + 1 < cmax ? load(V + (j + 1) * D + 16 * g) : (v16){0};
+      _mm512_storeu_si512(vi + j / 2 * D + 16 * g, pair16(v0, v1));
     }
   AmxConfig cfg = {.palette = 1};
   for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -245,6 +235,5 @@ static void attend_amx(void *arg, size_t task) {
   }
   _tile_release();
 }
-#undef AMX_SCORE
 #undef AMX_PV
 #undef AMX_STORE
