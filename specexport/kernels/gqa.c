@@ -89,9 +89,6 @@ typedef int i16 __attribute__((vector_size(64)));
 
 static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
 
-/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest
- * (adding 1.5 * 2^23 leaves n in the low bits of t), r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp);
- * 0 below -87.3 (a masked score: -inf) */
 /* e^r for |r| <= ln 2 / 2 (r = x - n ln 2, n an integer: Cephes' two-part ln 2), Cephes' expf polynomial */
 static inline v16 exp_r(v16 x, v16 n) {
   v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -104,6 +101,9 @@ static inline v16 exp_r(v16 x, v16 n) {
   return p * r * r + r + 1.0f;
 }
 
+/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest
+ * (adding 1.5 * 2^23 leaves n in the low bits of t), r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp);
+ * 0 below -87.3 (a masked score: -inf) */
 static inline v16 exp16(v16 x) {
   const v16 zero = {0};
   i16 under = x < -87.3f;

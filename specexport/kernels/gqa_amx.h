@@ -23,13 +23,6 @@
  * weighted sums of V then take ~1/16 the cycles of attend()'s FMAs; the softmax's exp is what remains. */
 #include <immintrin.h>
 
-typedef struct {
-  uint8_t palette, start;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed)) AmxConfig;
-
 /* exp of 16 floats x <= 0, as exp16's (n = x / ln 2 to nearest, r = x - n ln 2, Cephes' polynomial), 2^n
  * applied by VSCALEFPS instead of built in the exponent's bits; 0 below -87.3 (a masked score: -inf) */
 static inline v16 exp16s(v16 x) {
@@ -116,7 +109,7 @@ static void attend_amx(void *arg, size_t task) {
       v16 v0 = j < cmax ? load(V + j * D + 16 * g) : (v16){0}, v1 = j + 1 < cmax ? load(V + (j + 1) * D + 16 * g) : (v16){0};
       _mm512_storeu_si512(vi + j / 2 * D + 16 * g, pair16(v0, v1));
     }
-  AmxConfig cfg = {.palette = 1};
+  TileConfig cfg = {.palette = 1};
   for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
   const v16 ninf = (v16){0} - INFINITY;
@@ -146,7 +139,7 @@ static void attend_amx(void *arg, size_t task) {
     /* scores [key][16 queries], two 16-key blocks in flight (sums in tiles 0 and 6, keys in 1 and 7), each
      * block's rows masked (keys past a query's length: -inf; a tree's bias added) and taken into the
      * softmax's largest score while in cache */
-    v16 mv, m4[4] = {ninf, ninf, ninf, ninf}, z = {0};
+    v16 mv = ninf, z = {0};
     for (int64_t j0 = 0; j0 < gn + 32; j0 += 32) {
       if (j0 < gn) {
         _tile_zero(0);
@@ -174,10 +167,9 @@ static void attend_amx(void *arg, size_t task) {
         v16 x = load(s + j * 16);
         if (j >= n0) /* some query's keys end before j */
           x = sel((i16){0} + (int)j >= lv, ninf, x), store(s + j * 16, x);
-        m4[j & 3] = (v16)_mm512_max_ps((__m512)x, (__m512)m4[j & 3]); /* four chains: the same largest */
+        mv = (v16)_mm512_max_ps((__m512)x, (__m512)mv);
       }
     }
-    mv = (v16)_mm512_max_ps(_mm512_max_ps((__m512)m4[0], (__m512)m4[1]), _mm512_max_ps((__m512)m4[2], (__m512)m4[3]));
     mv = sel(lv == 0, (v16){0}, mv);
     for (int64_t j = 0; j < gn; j++) { /* the weights; their sum in key order (one chain: a tree's new tokens
                                           * sit at other slots than once committed, so no split by slot) */

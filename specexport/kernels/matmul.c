@@ -308,13 +308,6 @@ static int amx(void) {      /* read when a kernel is made: a session made with S
   if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return granted;
 }
-typedef struct {
-  uint8_t palette, start;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
-
 /* one block of up to 16 rows of x (pairs, row stride K; as many as the tiles are configured for) by a panel's
  * first n (1..3) 16-column tiles, over all K: tiles 0-2 the sums, 3 the activations, 4-6 the weights */
 #define AMX_STEP(J, B) /* sums J += activations x weights B (literal tile numbers: the intrinsics paste them) */ \

@@ -26,3 +26,11 @@ static inline OrtStatus *dims(const OrtValue *v, int64_t *out, size_t *rank, siz
   ort->ReleaseTensorTypeAndShapeInfo(info);
   return st;
 }
+
+/* LDTILECFG's 64-byte operand (AMX: matmul.c's part_amx, gqa_amx.h's attend_amx) */
+typedef struct {
+  uint8_t palette, start;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed)) TileConfig;

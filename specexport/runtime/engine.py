@@ -45,6 +45,7 @@ MOVE_MIN_LEFT = 4
 # (k = "auto", the int4 self-draft, whose chains were accepted at ~0.8) were priced out before their first
 # draft and never measured: k = 0 on 246 of a burst's 4-row steps, 0.93x fixed k = 4 (2026-12-05, xeon-m207)
 CHAIN_PRIOR_PULL = 0.05
+CHAIN_PRIOR_START = (1.0, 2.0)  # a drafter's pooled (hits, tries) before any verified chain: 0.5
 # the weight of a chain's past steps in its running acceptance, per verified step: 0.8 followed the misses
 # so closely that one request's self-draft went to k = 2 on a quarter of its steps and made 0.95x fixed k = 4;
 # 0.95: 1.01x it, 1.06x the 0.8 (13 Spec-Bench prompts one at a time, medians of 3 interleaved rounds, 2026-12-05)
@@ -699,7 +700,7 @@ class Engine:
             a = len(emitted) - 1
             s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
             kind = type(s.drafter)
-            self.chains[kind] = _decayed(*self.chains.get(kind, (1.0, 2.0)), a, a < n - 1)
+            self.chains[kind] = _decayed(*self.chains.get(kind, CHAIN_PRIOR_START), a, a < n - 1)
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
             s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
         a = len(emitted) - 1
@@ -714,7 +715,7 @@ class Engine:
 
     def _chain_prior(self, s: Sequence) -> float:
         """The acceptance of s's drafter's chains over every request's verified steps (0.5 before any)."""
-        hits, tries = self.chains.get(type(s.drafter), (1.0, 2.0))
+        hits, tries = self.chains.get(type(s.drafter), CHAIN_PRIOR_START)
         return hits / tries
 
     def _first(self, s: Sequence, logits: np.ndarray) -> None:
