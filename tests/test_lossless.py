@@ -108,11 +108,14 @@ def test_chat_template_renders_like_transformers(pipe, ckpts):
     assert pipe.encode(msgs) == list(want)
 
 
-def test_long_prefill_profiles_fewer_calls_same_tokens(ckpts, tmp_path):
+def test_long_prefill_profiles_fewer_calls_same_tokens(ckpts, tmp_path, monkeypatch):
     """--long-prefill: the bundle carries prefill_<T> profiles, parity-checked like the others; a prompt that
     prefills alone takes them (fewer calls), solo and through an idle engine, and the tokens stay those of
-    transformers' greedy decoding; while another request decodes, the engine's chunks stay within its budget."""
+    transformers' greedy decoding; on specexport's kernels (any T) alone it takes up to ALONE_CHUNK tokens a
+    call, past the profiles, the LM head on the last call only; while another request decodes, the engine's
+    chunks stay within its budget."""
     from conftest import build_bundle
+    from specexport.runtime import prefill
 
     b = build_bundle(tmp_path / "long", ckpts["target"], capacity=128, long_prefill=(16, 32))
     pipe = specexport.load(b)
@@ -121,11 +124,18 @@ def test_long_prefill_profiles_fewer_calls_same_tokens(ckpts, tmp_path):
     assert {"prefill_16", "prefill_32"} <= set(pipe.target.entry.parity)
     ids = pipe.encode(" ".join(PROMPTS * 3))[:75]
     want = hf_greedy(ckpts["target"], ids, 20)
-    calls = []
+    calls, heads = [], []
     step = pipe.target.step
-    pipe.target.step = lambda cache, x, *a, **k: calls.append(len(x)) or step(cache, x, *a, **k)
+    pipe.target.step = lambda cache, x, *a, **k: calls.append(len(x)) or heads.append(k.get("rows")) or step(
+        cache, x, *a, **k)
+    if pipe.target.any_t:  # alone, on the kernels: the 75 ids in one call
+        assert pipe.generate(ids, max_new_tokens=20, draft="none").token_ids == want
+        assert calls[0] == 75 and heads[0] == [74] and sum(t > 1 for t in calls) == 1
+        monkeypatch.setattr(prefill, "ALONE_CHUNK", 0)  # the profiles' largest again
+        calls.clear(), heads.clear()
     assert pipe.generate(ids, max_new_tokens=20, draft="none").token_ids == want
     assert calls[:2] == [32, 32] and sum(t > 1 for t in calls) == 3  # 75 prompt ids in 3 calls (8-token: 10)
+    assert heads[:3] == [[], [], [10]]  # logits of the prompt's last id (its 11th of the last call) only
     # the last 11: on specexport's kernels (any T) one unpadded call, else the 16 profile with 5 pad rows
     assert calls[2] == (11 if pipe.target.any_t else 16)
     any_t, pipe.target.any_t = pipe.target.any_t, False  # the profiles' plan, as where the kernels do not run

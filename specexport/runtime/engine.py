@@ -24,7 +24,7 @@ from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
 from .drafters import PoolDrafts, RecycleDrafter, RowDraft, Tree, shares_pool
-from .prefill import chunk_ts, feed_chunk, next_chunk
+from .prefill import ALONE_CHUNK, chunk_ts, feed_chunk, next_chunk
 from .text import TextStream
 
 _DONE = object()
@@ -272,7 +272,8 @@ class Engine:
             if B > 1 and chunk > 1:  # first prefill chunks of neighbouring rows (`_prefill_batch`)
                 tgt.step_batch(pool, np.zeros((B, chunk), dtype=np.int64), pos[:, :chunk].copy(), rows=[0])
         row = pool.row(pool.free[0])
-        for T in sorted({t for name, t in tgt.entry.profiles.items() if name.startswith("prefill")}):
+        alone = {ALONE_CHUNK} if tgt.any_t and ALONE_CHUNK <= row.buckets[-1] else set()  # prefill with nobody waiting
+        for T in sorted({t for name, t in tgt.entry.profiles.items() if name.startswith("prefill")} | alone):
             tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
         if self.drafts is not None:  # the draft's B-row calls (T = 1) and its catch-up chunks
             d, dpool = self.drafts.model, self.drafts.pool

@@ -17,6 +17,11 @@ from .kv import RingKV
 # A backend whose tokens are cheaper against its per-call cost says so in its `call_cost` (OpenVINO in bf16
 # on AMX: ~52, experiments/call_cost_probe.py)
 CALL_COST = 16
+# a backend that runs any T (`any_t`) and prefills with nobody else waiting takes up to this many tokens a call,
+# past its largest prefill profile: a 1,500-token prompt in 512-token calls 0.95x the time of 256-token ones in
+# float32, 0.97x in bf16dot (fewer reads of every weight; 768 and 1,500 gained nothing more; 2026-12-05,
+# xeon-m207, docs/benchmarks.md "Prefill in longer calls, without the LM head")
+ALONE_CHUNK = 512
 
 
 @lru_cache(maxsize=64)
@@ -42,24 +47,26 @@ def feed_chunk(model: Backend, cache: RingKV, ids: list[int], i: int, limit: int
     """Run the next chunk of `ids` from index i at positions cache.n.., committing its rows -> (i, r, StepOut):
     r ids were fed. The chunk is the first call of the cheapest plan for what is left (`_plans`: the largest
     profile while it fits, a padded remainder when padding costs less than more calls; on a backend that runs
-    any T, the rest unpadded), with T <= `limit` when given (the engine's budget while others decode). Pad rows
-    are never committed. Only the chunk's last
-    row gets logits (a fused graph skips the LM head of the others: ~21% of a SmolLM2 row's FLOPs)."""
+    any T, the rest unpadded, up to ALONE_CHUNK tokens a call), with T <= `limit` when given (the engine's budget
+    while others decode). Pad rows are never committed. Only the last chunk of `ids` gets logits, of its last
+    row: the LM head of every other row is skipped (a fused graph's; SmolLM2's LM head in float32 is a 113 MB
+    read, ~2 ms of a 256-token chunk on 2 cores, ~4 ms of a bf16dot one); StepOut.logits has no rows then."""
     room = max(1, cache.buckets[-1] - cache.n)  # a padded chunk must fit too: near the capacity only the T that do
-    T, r = next_chunk(model, len(ids) - i, room if limit is None else min(limit, room))
-    out = model.step(cache, ids[i:i + r] + [0] * (T - r), cache.n, rows=[r - 1])
+    T, r = next_chunk(model, len(ids) - i, room if limit is None else min(limit, room), alone=limit is None)
+    out = model.step(cache, ids[i:i + r] + [0] * (T - r), cache.n, rows=[r - 1] if i + r == len(ids) else [])
     cache.commit(out.new_kv, range(r))
     return i, r, out
 
 
-def next_chunk(model: Backend, left: int, limit: int | None = None) -> tuple[int, int]:
+def next_chunk(model: Backend, left: int, limit: int | None = None, alone: bool = False) -> tuple[int, int]:
     """(T, r) of the next prefill call for `left` prompt tokens: its profile and the tokens it takes (the rest
     of T is padding), as `feed_chunk` runs it. A backend that runs any T (`any_t`) takes min(left, the largest
     profile within `limit`) tokens, unpadded: a 1,500-token prompt's sixth chunk of 220 tokens costs 0.87x the
-    padded 256 (one call where the profiles took three for 200 tokens: 0.85x the time; 2026-12-05, epyc-zen4)."""
+    padded 256 (one call where the profiles took three for 200 tokens: 0.85x the time; 2026-12-05, epyc-zen4);
+    `alone` (no budget: nobody else waits on this call) up to ALONE_CHUNK."""
     sizes = chunk_ts(model, limit)
     if getattr(model, "any_t", False):  # no padding: the rest of the prompt in one call when it fits
-        T = min(left, sizes[-1], limit or left)
+        T = min(left, max(sizes[-1], ALONE_CHUNK) if alone else sizes[-1], limit or left)
         return T, T
     T = sizes[-1] if left >= sizes[-1] else _plans(sizes, getattr(model, "call_cost", CALL_COST))[left]
     return T, min(T, left)
@@ -68,11 +75,11 @@ def next_chunk(model: Backend, left: int, limit: int | None = None) -> tuple[int
 def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, float]:
     """Run `ids` through `model` at positions cache.n.. in chunks of its profiles (feed_chunk), committing
     every row -> (logits of the last id [V], seconds inside the backend)."""
-    spent, logits, i = 0.0, None, 0
+    spent, out, i = 0.0, None, 0
     while i < len(ids):
         i, r, out = feed_chunk(model, cache, ids, i)
-        logits, spent, i = out.logits[0], spent + out.run_s, i + r
-    return logits, spent
+        spent, i = spent + out.run_s, i + r
+    return (out.logits[0] if out else None), spent
 
 
 def measured_entry(model: Backend, trees: bool = True):
