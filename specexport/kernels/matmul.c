@@ -315,8 +315,8 @@ static int amx(void) {      /* read when a kernel is made: a session made with S
     _tile_loadd(B, w + k * PW + VL * J, PW * 4);                                                          \
     _tile_dpbf16ps(J, 3, B);                                                                              \
   } while (0)
-static void amx_block(const uint32_t *x, int64_t K, const uint32_t *w, int n, float *out, const char **ahead,
-                      const char *limit, int lines) {
+static void amx_block(const uint32_t *x, int64_t K, const uint32_t *w, int n, float *out, int64_t os,
+                      const char **ahead, const char *limit, int lines) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -328,26 +328,64 @@ static void amx_block(const uint32_t *x, int64_t K, const uint32_t *w, int n, fl
     if (n > 1) AMX_STEP(1, 5);
     if (n > 2) AMX_STEP(2, 6);
   }
-  _tile_stored(0, out, PW * 4);
-  _tile_stored(1, out + VL, PW * 4);
-  _tile_stored(2, out + 2 * VL, PW * 4);
+  _tile_stored(0, out, os);
+  _tile_stored(1, out + VL, os);
+  _tile_stored(2, out + 2 * VL, os);
 }
 
-/* tiles 0-3 (sums, activations) of R rows, 4-6 (weights) of 16 pair-rows; 64 bytes a row */
+/* two blocks of 16 rows (x, x + 16 K) by a panel's first n tiles, over all K: sums in tiles 0-2 and 3-5,
+ * activations 6, weights 7, loaded for each product (the second block's find the step's weights in L1). Each
+ * sum tile takes the same steps as amx_block's (from zero, k in order): the same bits. Per product, 0.83 kB of
+ * operands stream from L2 instead of 1.33 (one block: the activations and three weight tiles for three
+ * products). With the sums stored straight into y, the MatMuls of a 256-token bf16dot chunk at 1,024 cached
+ * tokens took 0.93-0.95x the time (2026-12-05, xeon-m207; one core alone, [576, 3072] 0.86x, [1536, 576] 0.91x,
+ * [576, 960] 1.1x: docs/benchmarks.md "Prefill in longer calls, without the LM head; AMX rows in pairs"). */
+#define AMX_PAIR_STEP(J, B)                                                                                 do {                                                                                                        _tile_loadd(7, w + k * PW + VL * J, PW * 4);                                                              _tile_dpbf16ps(B, 6, 7);                                                                                } while (0)
+static void amx_pair(const uint32_t *x, int64_t K, const uint32_t *w, int n, float *out, int64_t os,
+                     const char **ahead, const char *limit, int lines) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int64_t k = 0; k < K; k += 16) {
+    for (int i = 0; i < lines && *ahead < (limit ? limit : (const char *)(w + k * PW) + DIST); i++, *ahead += 64)
+      __builtin_prefetch(*ahead, 0, 1);
+    _tile_loadd(6, x + k, K * 4);
+    AMX_PAIR_STEP(0, 0);
+    if (n > 1) AMX_PAIR_STEP(1, 1);
+    if (n > 2) AMX_PAIR_STEP(2, 2);
+    _tile_loadd(6, x + 16 * K + k, K * 4);
+    AMX_PAIR_STEP(0, 3);
+    if (n > 1) AMX_PAIR_STEP(1, 4);
+    if (n > 2) AMX_PAIR_STEP(2, 5);
+  }
+  _tile_stored(0, out, os);
+  _tile_stored(1, out + VL, os);
+  _tile_stored(2, out + 2 * VL, os);
+  _tile_stored(3, out + 4 * os, os); /* 16 rows of os / 4 floats on */
+  _tile_stored(4, out + 4 * os + VL, os);
+  _tile_stored(5, out + 4 * os + 2 * VL, os);
+}
+
+/* tiles 0-3 (sums, activations) of R rows, 4-7 (weights) of 16 pair-rows; 64 bytes a row. With R = 16 every
+ * tile has 16 rows, what amx_pair's use */
 static void configure(int R) {
   TileConfig cfg = {.palette = 1};
-  for (int t = 0; t < 7; t++) cfg.rows[t] = t < 4 ? R : 16, cfg.colsb[t] = 64;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = t < 4 ? R : 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
 }
 
 /* part() for DOT on AMX: the same share of columns and the same panel stream, the panel outermost so its passes
- * (one per 16 rows; a last block of fewer rows gets tiles of that many: a decode row costs one row's products)
- * find it in cache; each block's sums go through a 16 x PW buffer into y's rows and columns. */
+ * (one per 16 rows, two at a time while 32 rows are left (amx_pair); a last block of fewer rows gets tiles of
+ * that many: a decode row costs one row's products) find it in cache; each block's sums are stored into y, or
+ * through a 32 x PW buffer where the tiles would run past y's rows or columns. */
 static void part_amx(void *arg, size_t p) {
   const Call *c = arg;
   const int64_t K = c->K, N = c->N, bytes = K * PW * 4, passes = (c->M + 15) / 16;
   int R = 0; /* the rows the tiles are configured for */
-  float out[16 * PW] __attribute__((aligned(64)));
+  float out[32 * PW] __attribute__((aligned(64)));
   /* prefetches per 16-row step of the panel (16 x PW x 4 bytes): as part()'s per row, times 16 */
   int lines = (int)(passes == 1 ? 2 * 16 * PW * 4 / 64 : (16 * PW * 4 / 64 + passes - 1) / passes);
   const char *base = (const char *)c->panels;
@@ -356,12 +394,17 @@ static void part_amx(void *arg, size_t p) {
     int64_t panel = v / PV, a = v % PV, b = sh.v1 - panel * PV < PV ? sh.v1 - panel * PV : PV;
     const uint32_t *w = (const uint32_t *)c->panels + panel * K * PW + VL * a;
     int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
-    for (int64_t r = 0, pass = 1; r < c->M; r += 16, pass++) {
-      const char *limit = pace(&sh, base + (panel + 1) * bytes + bytes * pass / passes, passes);
-      int rows = c->M - r < 16 ? (int)(c->M - r) : 16; /* 16, or the last block's */
-      if (rows != R) configure(R = rows);
-      amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), out, &sh.ahead, limit, lines);
-      for (int i = 0; i < rows; i++) memcpy(c->y + (r + i) * N + n0, out + i * PW, 4 * cols);
+    for (int64_t r = 0, pass = 1, rows; r < c->M; r += rows, pass += (rows + 15) / 16) {
+      rows = c->M - r >= 32 ? 32 : c->M - r < 16 ? (int)(c->M - r) : 16; /* two blocks, one, or the last's rows */
+      const char *limit = pace(&sh, base + (panel + 1) * bytes + bytes * (pass + (rows > 16)) / passes, passes);
+      if ((rows > 16 ? 16 : rows) != R) configure(R = rows > 16 ? 16 : rows);
+      int whole = cols == PW && rows % 16 == 0; /* the tiles' rows and columns all in y: stored there */
+      float *o = whole ? c->y + r * N + n0 : out;
+      if (rows > 16)
+        amx_pair((const uint32_t *)c->x + r * K, K, w, (int)(b - a), o, whole ? N * 4 : PW * 4, &sh.ahead, limit, 2 * lines);
+      else
+        amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), o, whole ? N * 4 : PW * 4, &sh.ahead, limit, lines);
+      for (int i = 0; i < rows && !whole; i++) memcpy(c->y + (r + i) * N + n0, out + i * PW, 4 * cols);
     }
     v = (panel + 1) * PV;
   }
