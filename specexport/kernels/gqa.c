@@ -22,6 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "ops.h"
 
 const OrtApi *specexport_ort; /* ops.h: matmul.c uses it too */
@@ -101,16 +105,25 @@ static inline v16 exp_r(v16 x, v16 n) {
   return p * r * r + r + 1.0f;
 }
 
-/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest
- * (adding 1.5 * 2^23 leaves n in the low bits of t), r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp);
- * 0 below -87.3 (a masked score: -inf) */
+/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest,
+ * r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 (a masked score: -inf). 2^n is applied by
+ * VSCALEFPS where AVX-512 is (the many-query path 1.03x faster than building 2^n in the exponent's bits, the
+ * AMX path's task 1.07-1.1x; the same floats: p * 2^n is exact either way, 2026-12-05), else built in the
+ * exponent's bits (adding 1.5 * 2^23 leaves n in the low bits of t). */
 static inline v16 exp16(v16 x) {
+#if defined(__AVX512F__)
+  __mmask16 under = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps((__m512)x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)exp_r(x, (v16)n), n);
+#else
   const v16 zero = {0};
   i16 under = x < -87.3f;
   x = sel(under, zero - 87.3f, x);
   v16 t = x * 1.44269504088896341f + 12582912.0f;
   v16 p = exp_r(x, t - 12582912.0f) * (v16)(((i16)t + (127 - 0x4b400000)) << 23);
   return sel(under, zero, p);
+#endif
 }
 
 static inline v16 load(const float *p) { return *(const v16u *)p; }

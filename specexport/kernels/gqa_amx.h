@@ -6,8 +6,7 @@
  * bfloat16 (to nearest even) where the tiles multiply them.
  *  - Scores: a tile of 16 keys x 16 queries = K's rows x q's transposed pairs, over the head in 32-dim steps
  *    from 0; a key's score depends on that key and that query only.
- *  - Softmax: float32, as attend()'s many-query path (largest score, the weights' sum in key order), its exp
- *    exp16s (2^n by VSCALEFPS: 7-10% of a task faster than exp16's exponent bits, 2026-12-05).
+ *  - Softmax: float32, as attend()'s many-query path (largest score, the weights' sum in key order, exp16).
  *  - Outputs: query i's keys [0, A_i) on tiles (16 queries x 16 dims += 16 queries x 32 keys' weights as pairs
  *    times 32 keys' V rows as pairs, in key order from 0; a query's weights of keys >= A_i are 0 there), then keys
  *    [A_i, len_i) as float32 FMAs in key order, carried on from the tile's sums. A_i = position_i + 1 - 16 (0 at
@@ -22,14 +21,6 @@
  * Cost: K and V are converted once per task (K to bfloat16 rows, V to pairs of rows); the scores and the
  * weighted sums of V then take ~1/16 the cycles of attend()'s FMAs; the softmax's exp is what remains. */
 #include <immintrin.h>
-
-/* exp of 16 floats x <= 0, as exp16's (n = x / ln 2 to nearest, r = x - n ln 2, Cephes' polynomial), 2^n
- * applied by VSCALEFPS instead of built in the exponent's bits; 0 below -87.3 (a masked score: -inf) */
-static inline v16 exp16s(v16 x) {
-  __mmask16 under = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps((__m512)x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)exp_r(x, (v16)n), n);
-}
 
 /* r[i] (16 dwords each) transposed in place: r[i][j] <- r[j][i] */
 static inline void transpose16(__m512i *r) {
@@ -173,7 +164,7 @@ static void attend_amx(void *arg, size_t task) {
     mv = sel(lv == 0, (v16){0}, mv);
     for (int64_t j = 0; j < gn; j++) { /* the weights; their sum in key order (one chain: a tree's new tokens
                                           * sit at other slots than once committed, so no split by slot) */
-      v16 e = exp16s(load(s + j * 16) - mv);
+      v16 e = exp16(load(s + j * 16) - mv);
       store(s + j * 16, e);
       z += e;
     }
