@@ -3,7 +3,7 @@
  * the CPU's own ceiling, one thread's chain of independent float32 FMAs and VDPBF16PS (bf16 pairs).
  *   cc -O3 -march=native -std=gnu11 -I specexport/kernels -I specexport/kernels/include \
  *      experiments/matmul_alone.c -o /tmp/matmul_alone -lm -lpthread
- *   /tmp/matmul_alone M K N FORMAT REPS THREADS     (FORMAT 0 float32, 1 bf16, 2 bf16dot)
+ *   /tmp/matmul_alone M K N FORMAT REPS THREADS     (FORMAT 0 float32, 1 bf16, 2 bf16dot, 3 bf16dot on AMX tiles)
  *   /tmp/matmul_alone peak */
 #include "matmul.c"
 #include <pthread.h>
@@ -20,7 +20,7 @@ static double now(void) {
 
 static Call *call_;
 static void *worker(void *p) {
-  part(call_, (size_t)p);
+  (call_->amx ? part_amx : part)(call_, (size_t)p);
   return NULL;
 }
 
@@ -60,12 +60,15 @@ int main(int argc, char **argv) {
     return 2;
   }
   int64_t M = atoll(argv[1]), K = atoll(argv[2]), N = atoll(argv[3]);
-  int format = atoi(argv[4]), reps = atoi(argv[5]), threads = atoi(argv[6]);
+  int format = atoi(argv[4]), reps = atoi(argv[5]), threads = atoi(argv[6]), tiles = format == 3;
+  if (tiles && !amx()) return fprintf(stderr, "no AMX here (or SPECEXPORT_AMX=0)\n"), 2;
+  format = tiles ? DOT : format;
   float *B = malloc(4 * K * N), *x = malloc(4 * M * K), *y = malloc(4 * M * N);
-  uint32_t *xp = malloc(4 * M * K);
+  uint32_t *xp = malloc(4 * M * (K + 32));
   for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 7919) % 1000) / 1000.f - 0.5f;
   for (int64_t i = 0; i < M * K; i++) x[i] = (float)((i * 104729) % 1000) / 1000.f - 0.5f;
-  Call c = {.x = x, .panels = pack(B, K, N, format, 0), .y = y, .M = M, .K = K, .N = N, .format = format};
+  Call c = {.x = x, .panels = pack(B, K, N, format, tiles), .y = y, .M = M, .K = K, .N = N, .format = format,
+            .amx = tiles};
   int64_t nv = (N + VL - 1) / VL;
   c.nparts = threads < nv ? threads : nv;
   call_ = &c;
@@ -73,17 +76,17 @@ int main(int argc, char **argv) {
   for (int r = 0; r < reps; r++) {
     double t = now();
     if (format == DOT) { /* as compute() does */
-      pairs(x, M, K, dot_rows(K, 0), xp);
-      c.x = (const float *)xp, c.K = dot_rows(K, 0);
+      pairs(x, M, K, dot_rows(K, tiles), xp);
+      c.x = (const float *)xp, c.K = dot_rows(K, tiles);
     }
     pthread_t th[64];
     for (int i = 1; i < c.nparts; i++) pthread_create(&th[i], NULL, worker, (void *)(size_t)i);
-    part(&c, 0);
+    (tiles ? part_amx : part)(&c, 0);
     for (int i = 1; i < c.nparts; i++) pthread_join(th[i], NULL);
     double dt = now() - t;
     best = dt < best ? dt : best;
   }
   printf("M=%lld K=%lld N=%lld format %d, %d thread(s): best of %d %.3f ms, %.1f GFLOP/s\n", (long long)M,
-         (long long)K, (long long)N, format, (int)c.nparts, reps, best * 1e3, 2.0 * M * K * N / best / 1e9);
+         (long long)K, (long long)N, tiles ? 3 : format, (int)c.nparts, reps, best * 1e3, 2.0 * M * K * N / best / 1e9);
   return 0;
 }
