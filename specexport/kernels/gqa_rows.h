@@ -91,7 +91,20 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
                           const int64_t *orow) {
   const int64_t D = 16 * DV, nq4 = (nq + QB - 1) / QB * QB;
   if (nq < 3 * QB) { /* few queries (decode rows): a dot product per (query, key), each key read once */
-    for (int64_t j = 0; j < keys; j++) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= keys; j += 16) /* 16 keys a query, their sums' trees together (hsum16) */
+      for (int64_t i = 0; i < nq; i++) {
+        v16 qi[DV], a[16];
+        for (int64_t c = 0; c < DV; c++) qi[c] = load(q + i * D + 16 * c);
+        for (int jj = 0; jj < 16; jj++) {
+          a[jj] = (v16){0};
+          for (int64_t c = 0; c < DV; c++) a[jj] += qi[c] * load(K + (j + jj) * D + 16 * c);
+        }
+        store(sc + i * kpad + j, hsum16(a));
+      }
+#endif
+    for (; j < keys; j++) {
       v16 kj[DV];
       for (int64_t c = 0; c < DV; c++) kj[c] = load(K + j * D + 16 * c);
       for (int64_t i = 0; i < nq; i++) {
