@@ -11,7 +11,8 @@
  * once per query head that shares it, every pair pays a GEMM's set-up, and its float reductions are plain
  * loops; and it refuses several new tokens per row when a batch of more than one row has a past. Here a task
  * is one (row, KV head, block of up to 16 new tokens): the block's queries of the G query heads that share
- * the KV head are scored against each key as it is read (one dot product per query while few; else 16
+ * the KV head are scored against each key as it is read (one dot product per query while few, 16 keys'
+ * sums' trees at once (hsum16); else 16
  * queries as the lanes of a vector against keys broadcast from the cache, the same sums lane for lane),
  * softmax with a vectorised exp, and the outputs as register-blocked sums of V rows. Each row's cache is
  * streamed once per block (per 16 queries on the second path), at any T and any B. Semantics as onnxruntime's: seqlens_k[b] + 1 is row b's total length; when
