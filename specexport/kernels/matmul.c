@@ -308,77 +308,61 @@ static int amx(void) {      /* read when a kernel is made: a session made with S
   if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return granted;
 }
-/* one block of up to 16 rows of x (pairs, row stride K; as many as the tiles are configured for) by a panel's
- * first n (1..3) 16-column tiles, over all K: tiles 0-2 the sums, 3 the activations, 4-6 the weights */
-#define AMX_STEP(J, B) /* sums J += activations x weights B (literal tile numbers: the intrinsics paste them) */ \
-  do {                                                                                                    \
-    _tile_loadd(B, w + k * PW + VL * J, PW * 4);                                                          \
-    _tile_dpbf16ps(J, 3, B);                                                                              \
+/* One block of up to 16 rows of x (pairs, row stride K; as many as the tiles are configured for), or two
+ * (`two`: x and x + 16 K, 16 rows each), by a panel's first n (1..3) 16-column tiles, over all K: the sums in
+ * tiles 0-2 (the second block's 3-5), the activations in 6, the weights in 7, loaded for each product, so the
+ * second block's products find the step's weight rows in L1 (0.83 kB of operands from L2 per tile product
+ * instead of 1.33 for one block). Every sums' tile is a chain of steps over k in order from zero, whatever the
+ * blocks: the same bits. Two blocks with the sums stored straight into y: the MatMuls of a 256-token bf16dot
+ * chunk at 1,024 cached tokens 0.93-0.95x the time of one block at a time through a buffer (2026-12-05,
+ * xeon-m207; docs/benchmarks.md "Prefill in longer calls, without the LM head; AMX rows in pairs"). */
+#define AMX_STEP(J, S) /* sums S += activations x the panel's tile J (literal tile numbers: the intrinsics paste them) */ \
+  do {                                                                                                              \
+    _tile_loadd(7, w + k * PW + VL * J, PW * 4);                                                                    \
+    _tile_dpbf16ps(S, 6, 7);                                                                                        \
   } while (0)
-static void amx_block(const uint32_t *x, int64_t K, const uint32_t *w, int n, float *out, int64_t os,
+static void amx_block(const uint32_t *x, int64_t K, const uint32_t *w, int n, int two, float *out, int64_t os,
                       const char **ahead, const char *limit, int lines) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
-  for (int64_t k = 0; k < K; k += 16) {
-    for (int i = 0; i < lines && *ahead < (limit ? limit : (const char *)(w + k * PW) + DIST); i++, *ahead += 64)
-      __builtin_prefetch(*ahead, 0, 1);
-    _tile_loadd(3, x + k, K * 4);
-    AMX_STEP(0, 4);
-    if (n > 1) AMX_STEP(1, 5);
-    if (n > 2) AMX_STEP(2, 6);
+  if (two) {
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
   }
-  _tile_stored(0, out, os);
-  _tile_stored(1, out + VL, os);
-  _tile_stored(2, out + 2 * VL, os);
-}
-
-/* two blocks of 16 rows (x, x + 16 K) by a panel's first n tiles, over all K: sums in tiles 0-2 and 3-5,
- * activations 6, weights 7, loaded for each product (the second block's find the step's weights in L1). Each
- * sum tile takes the same steps as amx_block's (from zero, k in order): the same bits. Per product, 0.83 kB of
- * operands stream from L2 instead of 1.33 (one block: the activations and three weight tiles for three
- * products). With the sums stored straight into y, the MatMuls of a 256-token bf16dot chunk at 1,024 cached
- * tokens took 0.93-0.95x the time (2026-12-05, xeon-m207; one core alone, [576, 3072] 0.86x, [1536, 576] 0.91x,
- * [576, 960] 1.1x: docs/benchmarks.md "Prefill in longer calls, without the LM head; AMX rows in pairs"). */
-#define AMX_PAIR_STEP(J, B)                                                                                 do {                                                                                                        _tile_loadd(7, w + k * PW + VL * J, PW * 4);                                                              _tile_dpbf16ps(B, 6, 7);                                                                                } while (0)
-static void amx_pair(const uint32_t *x, int64_t K, const uint32_t *w, int n, float *out, int64_t os,
-                     const char **ahead, const char *limit, int lines) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_zero(4);
-  _tile_zero(5);
   for (int64_t k = 0; k < K; k += 16) {
     for (int i = 0; i < lines && *ahead < (limit ? limit : (const char *)(w + k * PW) + DIST); i++, *ahead += 64)
       __builtin_prefetch(*ahead, 0, 1);
     _tile_loadd(6, x + k, K * 4);
-    AMX_PAIR_STEP(0, 0);
-    if (n > 1) AMX_PAIR_STEP(1, 1);
-    if (n > 2) AMX_PAIR_STEP(2, 2);
+    AMX_STEP(0, 0);
+    if (n > 1) AMX_STEP(1, 1);
+    if (n > 2) AMX_STEP(2, 2);
+    if (!two) continue;
     _tile_loadd(6, x + 16 * K + k, K * 4);
-    AMX_PAIR_STEP(0, 3);
-    if (n > 1) AMX_PAIR_STEP(1, 4);
-    if (n > 2) AMX_PAIR_STEP(2, 5);
+    AMX_STEP(0, 3);
+    if (n > 1) AMX_STEP(1, 4);
+    if (n > 2) AMX_STEP(2, 5);
   }
   _tile_stored(0, out, os);
   _tile_stored(1, out + VL, os);
   _tile_stored(2, out + 2 * VL, os);
-  _tile_stored(3, out + 4 * os, os); /* 16 rows of os / 4 floats on */
-  _tile_stored(4, out + 4 * os + VL, os);
-  _tile_stored(5, out + 4 * os + 2 * VL, os);
+  if (two) {
+    _tile_stored(3, out + 4 * os, os); /* 16 rows of os / 4 floats on */
+    _tile_stored(4, out + 4 * os + VL, os);
+    _tile_stored(5, out + 4 * os + 2 * VL, os);
+  }
 }
 
-/* tiles 0-3 (sums, activations) of R rows, 4-7 (weights) of 16 pair-rows; 64 bytes a row. With R = 16 every
- * tile has 16 rows, what amx_pair's use */
+/* tiles 0-6 (sums, activations) of R rows, 7 (weights) of 16 pair-rows; 64 bytes a row */
 static void configure(int R) {
   TileConfig cfg = {.palette = 1};
-  for (int t = 0; t < 8; t++) cfg.rows[t] = t < 4 ? R : 16, cfg.colsb[t] = 64;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = t < 7 ? R : 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
 }
 
 /* part() for DOT on AMX: the same share of columns and the same panel stream, the panel outermost so its passes
- * (one per 16 rows, two at a time while 32 rows are left (amx_pair); a last block of fewer rows gets tiles of
+ * (one per 16 rows, two at a time while 32 rows are left; a last block of fewer rows gets tiles of
  * that many: a decode row costs one row's products) find it in cache; each block's sums are stored into y, or
  * through a 32 x PW buffer where the tiles would run past y's rows or columns. */
 static void part_amx(void *arg, size_t p) {
@@ -400,10 +384,8 @@ static void part_amx(void *arg, size_t p) {
       if ((rows > 16 ? 16 : rows) != R) configure(R = rows > 16 ? 16 : rows);
       int whole = cols == PW && rows % 16 == 0; /* the tiles' rows and columns all in y: stored there */
       float *o = whole ? c->y + r * N + n0 : out;
-      if (rows > 16)
-        amx_pair((const uint32_t *)c->x + r * K, K, w, (int)(b - a), o, whole ? N * 4 : PW * 4, &sh.ahead, limit, 2 * lines);
-      else
-        amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), o, whole ? N * 4 : PW * 4, &sh.ahead, limit, lines);
+      amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), rows > 16, o, whole ? N * 4 : PW * 4, &sh.ahead,
+                limit, rows > 16 ? 2 * lines : lines);
       for (int i = 0; i < rows && !whole; i++) memcpy(c->y + (r + i) * N + n0, out + i * PW, 4 * cols);
     }
     v = (panel + 1) * PV;
