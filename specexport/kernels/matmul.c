@@ -440,6 +440,18 @@ static void pairs(const float *x, int64_t M, int64_t K, int64_t K2, uint32_t *ou
   }
 }
 
+/* Task p of `parts`: rows [M p / parts, M (p + 1) / parts) of pairs() */
+typedef struct {
+  const float *x;
+  int64_t M, K, K2, parts;
+  uint32_t *out;
+} Pairs;
+static void pairs_part(void *arg, size_t p) {
+  const Pairs *a = arg;
+  int64_t m0 = a->M * (int64_t)p / a->parts, m1 = a->M * ((int64_t)p + 1) / a->parts;
+  pairs(a->x + m0 * a->K, m1 - m0, a->K, a->K2, a->out + m0 * a->K2);
+}
+
 extern OrtCustomOp specexport_matmul_bf16_op, specexport_matmul_dot_op;
 
 typedef struct {
@@ -500,21 +512,32 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&c.x));
   TRY(ort->GetTensorMutableData(y, (void **)&c.y));
   if (c.M == 0 || c.N == 0) return NULL;
-  uint32_t *xp = NULL;
+  OrtStatus *st = NULL;
   if (c.format == DOT) { /* the activations as bfloat16 pairs: a call over K / 2 rows of pairs */
     c.K = dot_rows(k->K, c.amx);
-    if (!(xp = malloc(sizeof(uint32_t) * c.M * c.K))) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
-    pairs(c.x, c.M, k->K, c.K, xp);
-    c.x = (const float *)xp;
+    /* into the calling thread's buffer, kept and grown (a fresh one per call was a fresh mapping of up to a few
+     * MB for a prefill chunk, page faults and all); a prefill chunk's rows split between the threads */
+    static __thread uint32_t *buf;
+    static __thread size_t cap;
+    size_t bytes = sizeof(uint32_t) * c.M * c.K;
+    if (bytes > cap) {
+      free(buf);
+      cap = (bytes + 4095) & ~(size_t)4095;
+      if (!(buf = aligned_alloc(64, cap))) return cap = 0, ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
+    }
+    Pairs pa = {.x = c.x, .M = c.M, .K = k->K, .K2 = c.K, .parts = c.M >= 128 ? parts() : 1, .out = buf};
+    if (pa.parts == 1)
+      pairs(c.x, c.M, k->K, c.K, buf);
+    else
+      TRY(ort->KernelContext_ParallelFor(ctx, pairs_part, (size_t)pa.parts, (size_t)pa.parts, &pa));
+    c.x = (const float *)buf;
   }
   int64_t nv = (c.N + VL - 1) / VL;
   c.nparts = parts() < nv ? parts() : nv;
-  OrtStatus *st = NULL;
   if (c.nparts == 1)
     (c.amx ? part_amx : part)(&c, 0);
   else
     st = ort->KernelContext_ParallelFor(ctx, c.amx ? part_amx : part, (size_t)c.nparts, (size_t)c.nparts, &c);
-  free(xp);
   return st;
 }
 
