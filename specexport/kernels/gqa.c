@@ -183,16 +183,11 @@ static inline v16 hsum16(const v16 *a) {
 static __typeof__(rows1) *const rows[9] = {NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8}; /* by D / 16 */
 
 /* A task's scratch: one buffer per thread, kept and grown to the largest task it has run (a fresh block per
- * task was a fresh mapping of a few hundred kB, page faults and all, every task of every layer) */
+ * task was a fresh mapping of a few hundred kB, every task of every layer) */
 static void *scratch(size_t bytes) {
   static __thread void *buf;
   static __thread size_t cap;
-  if (bytes > cap) {
-    free(buf);
-    cap = (bytes + 4095) & ~(size_t)4095;
-    if (!(buf = aligned_alloc(64, cap))) cap = 0;
-  }
-  return buf;
+  return kept(&buf, &cap, bytes);
 }
 
 /* The queries of task (b, kv head h, tokens [t0, t1)), query i = (t - t0) G + g for query head g of the G that

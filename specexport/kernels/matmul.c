@@ -381,7 +381,7 @@ static void part_amx(void *arg, size_t p) {
     for (int64_t r = 0, pass = 1, rows; r < c->M; r += rows, pass += (rows + 15) / 16) {
       rows = c->M - r >= 32 ? 32 : c->M - r < 16 ? (int)(c->M - r) : 16; /* two blocks, one, or the last's rows */
       const char *limit = pace(&sh, base + (panel + 1) * bytes + bytes * (pass + (rows > 16)) / passes, passes);
-      if ((rows > 16 ? 16 : rows) != R) configure(R = rows > 16 ? 16 : rows);
+      if ((rows > 16 ? 16 : rows) != R) configure(R = rows > 16 ? 16 : rows); /* a block's rows */
       int whole = cols == PW && rows % 16 == 0; /* the tiles' rows and columns all in y: stored there */
       float *o = whole ? c->y + r * N + n0 : out;
       amx_block((const uint32_t *)c->x + r * K, K, w, (int)(b - a), rows > 16, o, whole ? N * 4 : PW * 4, &sh.ahead,
@@ -515,16 +515,11 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   OrtStatus *st = NULL;
   if (c.format == DOT) { /* the activations as bfloat16 pairs: a call over K / 2 rows of pairs */
     c.K = dot_rows(k->K, c.amx);
-    /* into the calling thread's buffer, kept and grown (a fresh one per call was a fresh mapping of up to a few
-     * MB for a prefill chunk, page faults and all); a prefill chunk's rows split between the threads */
-    static __thread uint32_t *buf;
+    /* into the calling thread's kept buffer; a prefill chunk's rows split between the threads */
+    static __thread void *kb;
     static __thread size_t cap;
-    size_t bytes = sizeof(uint32_t) * c.M * c.K;
-    if (bytes > cap) {
-      free(buf);
-      cap = (bytes + 4095) & ~(size_t)4095;
-      if (!(buf = aligned_alloc(64, cap))) return cap = 0, ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
-    }
+    uint32_t *buf = kept(&kb, &cap, sizeof(uint32_t) * c.M * c.K);
+    if (!buf) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
     Pairs pa = {.x = c.x, .M = c.M, .K = k->K, .K2 = c.K, .parts = c.M >= 128 ? parts() : 1, .out = buf};
     if (pa.parts == 1)
       pairs(c.x, c.M, k->K, c.K, buf);

@@ -1,5 +1,8 @@
-/* What gqa.c and matmul.c share: onnxruntime's API (gqa.c's RegisterCustomOps sets it), TRY, a tensor's dims. */
+/* What gqa.c and matmul.c share: onnxruntime's API (gqa.c's RegisterCustomOps sets it), TRY, a tensor's dims,
+ * a kept buffer, the AMX tile configuration. */
 #pragma once
+#include <stdlib.h>
+
 #include "onnxruntime_c_api.h"
 
 #define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
@@ -34,3 +37,14 @@ typedef struct {
   uint16_t colsb[16];
   uint8_t rows[16];
 } __attribute__((packed)) TileConfig;
+
+/* *buf grown to at least `bytes` (64-byte aligned, whole pages) and kept for the next call: a fresh block per
+ * call was a fresh mapping of up to a few MB, page faults and all. NULL (and *cap 0) when memory runs out. */
+static inline void *kept(void **buf, size_t *cap, size_t bytes) {
+  if (bytes > *cap) {
+    free(*buf);
+    *cap = (bytes + 4095) & ~(size_t)4095;
+    if (!(*buf = aligned_alloc(64, *cap))) *cap = 0;
+  }
+  return *buf;
+}

@@ -18,9 +18,9 @@ from .kv import RingKV
 # on AMX: ~52, experiments/call_cost_probe.py)
 CALL_COST = 16
 # a backend that runs any T (`any_t`) and prefills with nobody else waiting takes up to this many tokens a call,
-# past its largest prefill profile: a 1,500-token prompt in 512-token calls 0.95x the time of 256-token ones in
-# float32, 0.97x in bf16dot (fewer reads of every weight; 768 and 1,500 gained nothing more; 2026-12-05,
-# xeon-m207, docs/benchmarks.md "Prefill in longer calls, without the LM head")
+# past its largest prefill profile: a 1,500-token prompt in 512-token calls 0.89-0.95x the time of 256-token ones
+# in float32, 0.96-1.02x in bf16dot (fewer reads of every weight; 768 and 1,500 gained nothing more; 2026-12-05,
+# xeon-m207, experiments/prefill_chunks_ab.py, docs/benchmarks.md "Prefill in longer calls, without the LM head")
 ALONE_CHUNK = 512
 
 
@@ -79,7 +79,7 @@ def feed(model: Backend, cache: RingKV, ids: list[int]) -> tuple[np.ndarray, flo
     while i < len(ids):
         i, r, out = feed_chunk(model, cache, ids, i)
         spent, i = spent + out.run_s, i + r
-    return (out.logits[0] if out else None), spent
+    return (None if out is None else out.logits[0]), spent
 
 
 def measured_entry(model: Backend, trees: bool = True):
