@@ -93,6 +93,18 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     out = build_bundle(tmp_path / "b", ckpts["target"], draft=spec, ks=(2,))
     m = bundle.read(out)
     assert m.draft.kind == kind
+    # the fused graphs' MLPs are MatMulSwiGLU nodes, defined in the graph as a function (what runs without the
+    # kernels); a quantised copy has them back as plain ops, its gate/up projection a MatMulNBits like the others
+    import onnx
+
+    ops = {r: [n.op_type for n in onnx.load(str(out / e.graph), load_external_data=False).graph.node]
+           for r, e in (("target", m.target), ("draft", m.draft))}
+    layers = m.target.arch["num_layers"]
+    assert ops["target"].count("MatMulSwiGLU") == layers and "Sigmoid" not in ops["target"]
+    assert [f.name for f in onnx.load(str(out / m.target.graph), load_external_data=False).functions] == ["MatMulSwiGLU"]
+    if kind != "early-exit":
+        assert "MatMulSwiGLU" not in ops["draft"] and ops["draft"].count("Sigmoid") == layers
+        assert ops["draft"].count("MatMulNBits") == 4 * layers + 1  # qkv, o, gate/up, down; the LM head
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain

@@ -56,7 +56,7 @@ def test_matmul_is_the_fma_chain_bit_for_bit(tmp_path, K, N):
     rng = np.random.default_rng(K * 1000 + N)
     W = rng.standard_normal((K, N), dtype=np.float32)
     s = session(tmp_path, W, [1, "M", K])
-    for M in (1, 5, 6, 7, 9, 10, 13, 19, 40):
+    for M in (1, 5, 6, 7, 9, 10, 13, 19, 40) + ((300,) if K > N else ()):  # 256+ rows with K > N: split by rows
         x = rng.standard_normal((1, M, K), dtype=np.float32)
         y = s.run(None, {"A": x})[0]
         assert y.shape == (1, M, N)
@@ -121,3 +121,64 @@ def test_matmul_off_switch(tmp_path, monkeypatch):
     np.testing.assert_array_equal(ours[0], fma_chain(x[0], W))
     np.testing.assert_array_equal(off, theirs)  # the same onnxruntime kernel
     assert not np.array_equal(off, ours)  # MLAS sums K in blocks of 256, then adds the blocks' sums
+
+
+def swiglu_session(tmp_path, W, lib=True, weights="float32", profile=False):
+    """Y = MatMulSwiGLU(A, W) as the fused bundles' graphs hold it: the node and its function definition."""
+    from specexport.exporter.onnx import swiglu_function
+
+    g = helper.make_graph([helper.make_node("MatMulSwiGLU", ["A", "W"], ["Y"], domain="specexport")], "glu",
+                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, "M", W.shape[0]])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [numpy_helper.from_array(W, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("specexport", 1)],
+                          functions=[swiglu_function()])
+    path = tmp_path / f"glu{len(list(tmp_path.iterdir()))}.onnx"
+    onnx.save(m, path)
+    so = session_options(None, kernels.library(64) if lib else None, weights)
+    so.enable_profiling = profile
+    so.profile_file_prefix = str(tmp_path / "prof")
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("K,F", [(96, 40), (300, 70), (64, 768)])
+def test_swiglu_is_silu_gate_times_up(tmp_path, K, F):
+    """MatMulSwiGLU on the kernel: silu(x W[:, :F]) * x W[:, F:] with each product the MatMul's chain (F not a
+    whole vector; rows from one (a decode row) to past 256 (split by rows, the epilogue in each thread)), the
+    same as its function definition where the library is not loaded; a row's bits do not depend on its call."""
+    import json
+
+    rng = np.random.default_rng(K + F)
+    W = rng.standard_normal((K, 2 * F), dtype=np.float32) * 0.2
+    s, plain = swiglu_session(tmp_path, W, profile=True), swiglu_session(tmp_path, W, lib=False)
+    x = rng.standard_normal((1, 300, K), dtype=np.float32)
+    for M in (1, 7, 70, 300):
+        y = s.run(None, {"A": x[:, :M]})[0]
+        assert y.shape == (1, M, F)
+        g, u = fma_chain(x[0, :M], W[:, :F]).astype(np.float64), fma_chain(x[0, :M], W[:, F:]).astype(np.float64)
+        np.testing.assert_allclose(y[0], g / (1 + np.exp(-g)) * u, rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(plain.run(None, {"A": x[:, :M]})[0], y, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(y[0, M - 1], s.run(None, {"A": x[:, M - 1:M]})[0][0, 0])
+    ran = {e["args"]["op_name"] for e in json.load(open(s.end_profiling())) if e.get("cat") == "Node" and "args" in e}
+    assert "MatMulSwiGLU" in ran and "Sigmoid" not in ran  # the kernel ran, not the function's ops
+
+
+def test_swiglu_refuses_what_it_cannot_take(tmp_path):
+    """An odd number of columns cannot be gate and up side by side: refused when the session is made, with why."""
+    W = np.ones((8, 7), np.float32)
+    with pytest.raises(Exception, match="MatMulSwiGLU.*gate and up side by side"):
+        swiglu_session(tmp_path, W)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "bf16dot"])
+def test_swiglu_in_each_weight_format_is_its_matmul(tmp_path, weights):
+    """In the bfloat16 formats too, MatMulSwiGLU is the same format's MatMul of x by [gate | up], then silu(gate) *
+    up: bit for bit the product, the epilogue as in float32 (AMX or VDPBF16PS where the CPU has them)."""
+    rng = np.random.default_rng(5)
+    K, F = 160, 72
+    W = rng.standard_normal((K, 2 * F), dtype=np.float32) * 0.2
+    glu, mm = swiglu_session(tmp_path, W, weights=weights), session(tmp_path, W, [1, "M", K], weights=weights)
+    for M in (1, 40, 300):
+        x = rng.standard_normal((1, M, K), dtype=np.float32)
+        gu = mm.run(None, {"A": x})[0][0].astype(np.float64)
+        g, u = gu[:, :F], gu[:, F:]
+        np.testing.assert_allclose(glu.run(None, {"A": x})[0][0], g / (1 + np.exp(-g)) * u, rtol=2e-6, atol=1e-6)

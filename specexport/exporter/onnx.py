@@ -87,6 +87,8 @@ def export(graph: LlamaGraph, S: int, path: Path, attention: str = "portable") -
         m = onnx.load(str(path))
         onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=produced.name, size_threshold=1024)
+    if attention == "fused":  # the graphs specexport's CPU kernels run (portable ones stay plain ONNX)
+        fuse_file(path)
 
 
 def export_mixed(graph: LlamaGraph, S: int, path: Path, groups: int) -> None:
@@ -117,6 +119,16 @@ def export_mixed(graph: LlamaGraph, S: int, path: Path, groups: int) -> None:
         warnings.simplefilter("ignore")
         torch.onnx.export(MixedStep(graph, groups, S), args, str(path), dynamo=True, external_data=True,
                           input_names=ins, output_names=outs, dynamic_shapes=dynamic, verbose=False)
+    fuse_file(path)
+
+
+def fuse_file(path: Path) -> None:
+    """fuse_swiglu on a saved graph (its weights stay where they are)."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    if fuse_swiglu(m):
+        onnx.save_model(m, str(path))
 
 
 def share_weights(graph: Path, into: Path) -> None:
@@ -178,6 +190,7 @@ def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
 
     model = onnx.load(str(src))
+    unfuse_swiglu(model)
     fold_weight_transposes(model)
     # the rotary's rotate_half matrix (g.rot, a signed permutation) stays a float MatMul: exact, where int8
     # activations would round q and k before rotating them
@@ -187,6 +200,99 @@ def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:
     q.process()
     onnx.save_model(q.model.model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)
+
+
+SWIGLU = "MatMulSwiGLU"  # domain "specexport": specexport/kernels/matmul.c, and the function below where that is not
+
+
+def swiglu_function():
+    """MatMulSwiGLU(x, w) = silu(x w[:, :F]) * x w[:, F:], w [K, 2F]: the graph's own definition of the op (an
+    ONNX model-local function), which onnxruntime inlines where no kernel of that name is registered (no
+    specexport kernels: SPECEXPORT_KERNELS=0, no compiler) and OpenVINO or TensorRT would read as plain ops."""
+    from onnx import helper
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["gu"]),
+             helper.make_node("Split", ["gu"], ["g", "u"], axis=-1, num_outputs=2),
+             helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["g", "s"], ["h"]),
+             helper.make_node("Mul", ["h", "u"], ["y"])]
+    return helper.make_function("specexport", SWIGLU, ["x", "w"], ["y"], nodes, [helper.make_opsetid("", 20)])
+
+
+def fuse_swiglu(model) -> int:
+    """Replace each MLP's MatMul(x, W) -> Slice [0:F] -> silu, Slice [F:2F] -> Mul (gate and up stacked in one
+    W [K, 2F], as graphs/llama.py exports them) by one MatMulSwiGLU(x, W) node; returns how many. The kernel
+    writes silu(gate) * up straight from the product: onnxruntime's Split, QuickGelu and Mul were ~3.5% of a
+    float32 512-token prefill call and three launches a layer in every decode step."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    users: dict = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+
+    def ints(name):
+        t = inits.get(name)
+        return None if t is None or t.external_data else [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
+
+    def only(name, op):
+        u = users.get(name, [])
+        return u[0] if len(u) == 1 and u[0].op_type == op else None
+
+    drop, fused = set(), 0
+    for mm in list(g.node):
+        w = inits.get(mm.input[1]) if mm.op_type == "MatMul" and len(mm.input) == 2 else None
+        if w is None or len(w.dims) != 2 or w.dims[1] % 2:
+            continue
+        F = w.dims[1] // 2
+        slices = users.get(mm.output[0], [])
+        if len(slices) != 2 or any(s.op_type != "Slice" or len(s.input) < 4 for s in slices):
+            continue
+        spans = {}
+        for s in slices:
+            st, en, ax = ints(s.input[1]), ints(s.input[2]), ints(s.input[3])
+            steps = ints(s.input[4]) if len(s.input) > 4 else [1]
+            if st and en and ax in ([2], [-1]) and steps == [1] and len(st) == 1:
+                spans[(st[0], min(en[0], 2 * F))] = s
+        gate, up = spans.get((0, F)), spans.get((F, 2 * F))
+        if gate is None or up is None:
+            continue
+        gu = users.get(gate.output[0], [])  # the gate feeds the Sigmoid and the Mul of silu
+        sig = next((n for n in gu if n.op_type == "Sigmoid"), None)
+        silu = next((n for n in gu if n.op_type == "Mul"), None)
+        if len(gu) != 2 or sig is None or silu is None or set(silu.input) != {gate.output[0], sig.output[0]}:
+            continue
+        out = only(silu.output[0], "Mul")
+        if out is None or set(out.input) != {silu.output[0], up.output[0]} or len(users.get(up.output[0], [])) != 1:
+            continue
+        if len(users.get(sig.output[0], [])) != 1:
+            continue
+        node = helper.make_node(SWIGLU, [mm.input[0], mm.input[1]], [out.output[0]], name=mm.name + "_swiglu",
+                                domain="specexport")
+        g.node.insert(list(g.node).index(mm), node)
+        drop.update(id(n) for n in (mm, gate, up, sig, silu, out))
+        fused += 1
+    if fused:
+        kept = [n for n in g.node if id(n) not in drop]
+        del g.node[:]
+        g.node.extend(kept)
+        used = {i for n in kept for i in n.input} | {o.name for o in g.output}
+        unused = [t for t in g.initializer if t.name not in used and not t.external_data]  # the Slices' bounds
+        for t in unused:
+            g.initializer.remove(t)
+        model.functions.append(swiglu_function())
+        model.opset_import.append(helper.make_opsetid("specexport", 1))
+    return fused
+
+
+def unfuse_swiglu(model) -> None:
+    """MatMulSwiGLU nodes back to their definition (the quantiser takes plain MatMuls only)."""
+    import onnx.inliner
+
+    if any(f.domain == "specexport" for f in model.functions):
+        inlined = onnx.inliner.inline_local_functions(model)
+        model.CopyFrom(inlined)
 
 
 def fold_weight_transposes(model) -> None:

@@ -2,7 +2,8 @@
 
 gqa.c is GroupQueryAttention as the fused graphs use it (gqa_amx.h: its products on AMX tiles, for a bf16dot
 session whose MatMuls run there; SPECEXPORT_ATTENTION_AMX=0 keeps the float32 attention), matmul.c their
-weights' MatMul, matmul4.c MatMulNBits
+weights' MatMul (and MatMulSwiGLU, domain specexport: the MLP's gate/up MatMul and silu(gate) * up in one op,
+which graphs built since 2026-12-05 hold with its definition as an ONNX function), matmul4.c MatMulNBits
 for int4 weights with int8 activations (why and how: each file's header comment, docs/design.md "The attention
 kernel", "The weights' MatMul" and "Quantised targets"). `library(head_dim)` gives
 the path of the shared library to load into a session's options (`register_custom_ops_library`); it registers

@@ -88,45 +88,6 @@ static void write_kv(void *arg, size_t task) {
   }
 }
 
-typedef float v16 __attribute__((vector_size(64)));               /* 16 floats */
-typedef float v16u __attribute__((vector_size(64), aligned(4))); /* the same at any float's address */
-typedef int i16 __attribute__((vector_size(64)));
-
-static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
-
-/* e^r for |r| <= ln 2 / 2 (r = x - n ln 2, n an integer: Cephes' two-part ln 2), Cephes' expf polynomial */
-static inline v16 exp_r(v16 x, v16 n) {
-  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = (v16){0} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return p * r * r + r + 1.0f;
-}
-
-/* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest,
- * r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 (a masked score: -inf). 2^n is applied by
- * VSCALEFPS where AVX-512 is (the many-query path 1.03x faster than building 2^n in the exponent's bits, the
- * AMX path's task 1.07-1.1x; the same floats: p * 2^n is exact either way, 2026-12-05), else built in the
- * exponent's bits (adding 1.5 * 2^23 leaves n in the low bits of t). */
-static inline v16 exp16(v16 x) {
-#if defined(__AVX512F__)
-  __mmask16 under = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps((__m512)x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)exp_r(x, (v16)n), n);
-#else
-  const v16 zero = {0};
-  i16 under = x < -87.3f;
-  x = sel(under, zero - 87.3f, x);
-  v16 t = x * 1.44269504088896341f + 12582912.0f;
-  v16 p = exp_r(x, t - 12582912.0f) * (v16)(((i16)t + (127 - 0x4b400000)) << 23);
-  return sel(under, zero, p);
-#endif
-}
-
 static inline v16 load(const float *p) { return *(const v16u *)p; }
 
 static inline void store(float *p, v16 v) { *(v16u *)p = v; }
@@ -393,7 +354,8 @@ static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_
 }
 static OrtCustomOpInputOutputCharacteristic out_kind(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_OUTPUT_REQUIRED; }
 
-extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op; /* matmul.c */
+extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op, specexport_swiglu_op,
+    specexport_swiglu_bf16_op, specexport_swiglu_dot_op; /* matmul.c */
 int specexport_matmul_dot(void);
 int specexport_matmul_amx(void);
 extern OrtCustomOp specexport_matmul4_op; /* matmul4.c (AVX512-VNNI builds) */
@@ -460,5 +422,11 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   OrtCustomOpDomain *onnx;
   TRY(ort->CreateCustomOpDomain("", &onnx));
   TRY(ort->CustomOpDomain_Add(onnx, dot ? &specexport_matmul_dot_op : bf16 ? &specexport_matmul_bf16_op : &specexport_matmul_op));
-  return ort->AddCustomOpDomain(options, onnx);
+  TRY(ort->AddCustomOpDomain(options, onnx));
+  /* MatMulSwiGLU in the same weight format (graphs built since 2026-12-05; a graph's own function definition runs
+   * where this is not registered) */
+  OrtCustomOpDomain *ours;
+  TRY(ort->CreateCustomOpDomain("specexport", &ours));
+  TRY(ort->CustomOpDomain_Add(ours, dot ? &specexport_swiglu_dot_op : bf16 ? &specexport_swiglu_bf16_op : &specexport_swiglu_op));
+  return ort->AddCustomOpDomain(options, ours);
 }

@@ -452,7 +452,8 @@ static void pairs_part(void *arg, size_t p) {
   pairs(a->x + m0 * a->K, m1 - m0, a->K, a->K2, a->out + m0 * a->K2);
 }
 
-extern OrtCustomOp specexport_matmul_bf16_op, specexport_matmul_dot_op;
+extern OrtCustomOp specexport_matmul_bf16_op, specexport_matmul_dot_op, specexport_swiglu_op, specexport_swiglu_bf16_op,
+    specexport_swiglu_dot_op;
 
 typedef struct {
   OrtOp *fallback; /* onnxruntime's MatMul, for the B this kernel does not take */
@@ -460,6 +461,8 @@ typedef struct {
   int64_t K, N;
   int format;      /* F32, or what the session's specexport.matmul_weights asked for (bf16: BF16, bf16dot: DOT) */
   int amx;         /* DOT on AMX tiles (part_amx) */
+  int rows;        /* prefill calls with K > N split by rows (rows_part) */
+  int swiglu;      /* MatMulSwiGLU: y = silu(x B[:, :N/2]) * x B[:, N/2:] */
 } Kernel;
 
 /* onnxruntime's own MatMul (batched or vector B): the output shape as numpy's matmul broadcasts it */
@@ -489,6 +492,55 @@ static OrtStatus *fallback(Kernel *k, OrtKernelContext *ctx, const OrtValue *a, 
   return ort->InvokeOp(ctx, k->fallback, in, 2, out, 1);
 }
 
+/* Prefill calls whose activations are wider than the output (K > N: the MLP's down projection) split their ROWS
+ * between the threads, each over every panel, instead of the columns: each thread then reads only its half of x
+ * (for a 512-token float32 chunk 1.5 MB, which stays in its core's L2, where all of x, 3 MB, streamed from L3
+ * once per panel), and those are the rows its core just wrote (onnxruntime's elementwise ops before it split by
+ * rows). The weights are read by both threads, which at 256+ rows is cheap beside the multiply-adds. Every
+ * element is the same chain either way: the same bits. A 512-token chunk at 988 cached 0.95x (bf16dot) and
+ * 0.97-0.99x (float32) the time; 128-256 rows level (2026-12-05, xeon-m207; docs/benchmarks.md "Rows, not
+ * columns"). SPECEXPORT_MATMUL_ROWS=0 (read when a kernel is made) keeps the column split. */
+#define ROWS_FROM 256
+
+/* silu(g) = g sigmoid(g), the sigmoid from exp16(-|g|) (never overflows): 1 / (1 + e) for g >= 0, e / (1 + e) */
+static inline v16 silu16(v16 g) {
+  v16 e = exp16(sel(g < 0, g, -g)), one = (v16){0} + 1.0f;
+  return g * sel(g >= 0, one / (one + e), e / (one + e));
+}
+/* MatMulSwiGLU's epilogue over rows [m0, m1): y[r, j] = silu(gu[r, j]) gu[r, F + j], gu [M, 2F], y [M, F] */
+static void swiglu_rows(const float *gu, int64_t F, float *y, int64_t m0, int64_t m1) {
+  for (int64_t r = m0; r < m1; r++) {
+    const float *g = gu + r * 2 * F, *u = g + F;
+    float *o = y + r * F;
+    int64_t j = 0;
+    for (; j + 16 <= F; j += 16) *(v16u *)(o + j) = silu16(*(const v16u *)(g + j)) * *(const v16u *)(u + j);
+    if (j < F) {
+      float gb[16] = {0}, ub[16] = {0};
+      memcpy(gb, g + j, (F - j) * 4), memcpy(ub, u + j, (F - j) * 4);
+      v16 t = silu16(*(v16u *)gb) * *(v16u *)ub;
+      memcpy(o + j, &t, (F - j) * 4);
+    }
+  }
+}
+typedef struct {
+  const Call *c;
+  int64_t step; /* the parts' rows are multiples of this (a register or tile block) */
+  float *glu;   /* MatMulSwiGLU's output: each part's epilogue over its own rows, or NULL */
+  int product;  /* 0: the epilogue alone (the product was split by columns) */
+} Rows;
+static void rows_part(void *arg, size_t p) {
+  const Rows *r = arg;
+  const Call *c = r->c;
+  int64_t blocks = (c->M + r->step - 1) / r->step;
+  int64_t m0 = blocks * (int64_t)p / c->nparts * r->step, m1 = blocks * ((int64_t)p + 1) / c->nparts * r->step;
+  if (m1 > c->M) m1 = c->M;
+  if (m0 > m1) m0 = m1;
+  Call s = *c; /* x's rows are K 32-bit elements (floats, or bf16dot's pairs) */
+  s.x = (const float *)((const char *)c->x + m0 * c->K * 4), s.y = c->y + m0 * c->N, s.M = m1 - m0, s.nparts = 1;
+  if (r->product && s.M > 0) (c->amx ? part_amx : part)(&s, 0);
+  if (r->glu) swiglu_rows(c->y, c->N / 2, r->glu, m0, m1);
+}
+
 static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   Kernel *k = op;
   const OrtValue *a, *b;
@@ -506,12 +558,20 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .format = k->format, .amx = k->amx};
   int64_t yd[8];
   for (size_t i = 0; i + 1 < ar; i++) c.M *= ad[i], yd[i] = ad[i];
-  yd[ar - 1] = c.N;
+  yd[ar - 1] = k->swiglu ? c.N / 2 : c.N;
   OrtValue *y;
   TRY(ort->KernelContext_GetOutput(ctx, 0, yd, ar, &y));
   TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&c.x));
   TRY(ort->GetTensorMutableData(y, (void **)&c.y));
   if (c.M == 0 || c.N == 0) return NULL;
+  float *glu = NULL;
+  if (k->swiglu) { /* the whole product into the calling thread's kept buffer, the epilogue from it into y */
+    static __thread void *gb;
+    static __thread size_t gcap;
+    glu = c.y;
+    if (!(c.y = kept(&gb, &gcap, sizeof(float) * c.M * c.N)))
+      return ort->CreateStatus(ORT_FAIL, "MatMulSwiGLU (specexport): out of memory");
+  }
   OrtStatus *st = NULL;
   if (c.format == DOT) { /* the activations as bfloat16 pairs: a call over K / 2 rows of pairs */
     c.K = dot_rows(k->K, c.amx);
@@ -528,20 +588,37 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     c.x = (const float *)buf;
   }
   int64_t nv = (c.N + VL - 1) / VL;
+  if (k->rows && c.M >= ROWS_FROM && (k->K > k->N || k->swiglu) && parts() > 1) {
+    c.nparts = parts();
+    Rows r = {&c, c.amx ? 32 : RB, glu, 1};
+    return ort->KernelContext_ParallelFor(ctx, rows_part, (size_t)c.nparts, (size_t)c.nparts, &r);
+  }
   c.nparts = parts() < nv ? parts() : nv;
   if (c.nparts == 1)
     (c.amx ? part_amx : part)(&c, 0);
   else
     st = ort->KernelContext_ParallelFor(ctx, c.amx ? part_amx : part, (size_t)c.nparts, (size_t)c.nparts, &c);
-  return st;
+  if (st || !glu) return st;
+  if (c.M < 64 || parts() == 1) { /* a decode or verify call's few rows: on this thread */
+    swiglu_rows(c.y, c.N / 2, glu, 0, c.M);
+    return NULL;
+  }
+  c.nparts = parts();
+  Rows r = {&c, 1, glu, 0}; /* the epilogue alone, each part over its share of the rows */
+  return ort->KernelContext_ParallelFor(ctx, rows_part, (size_t)c.nparts, (size_t)c.nparts, &r);
 }
 
+static void destroy(void *op);
 static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
   (void)api;
   Kernel *k = calloc(1, sizeof(Kernel));
   if (!k) return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory");
-  k->format = op == &specexport_matmul_bf16_op ? BF16 : op == &specexport_matmul_dot_op ? DOT : F32;
+  k->swiglu = op == &specexport_swiglu_op || op == &specexport_swiglu_bf16_op || op == &specexport_swiglu_dot_op;
+  k->format = op == &specexport_matmul_bf16_op || op == &specexport_swiglu_bf16_op ? BF16
+              : op == &specexport_matmul_dot_op || op == &specexport_swiglu_dot_op ? DOT : F32;
   k->amx = k->format == DOT && amx();
+  const char *rows = getenv("SPECEXPORT_MATMUL_ROWS");
+  k->rows = !(rows && !strcmp(rows, "0"));
   const char *names[1] = {"T"};
   ONNXTensorElementDataType types[1] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
   OrtStatus *st = ort->CreateOp(info, "MatMul", "", 13, names, types, 1, NULL, 0, 2, 1, &k->fallback);
@@ -573,6 +650,11 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_PAGEOUT);
 #endif
   }
+  if (k->swiglu && (!k->panels || k->N % 2)) {
+    destroy(k);
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulSwiGLU (specexport): the weight must be a constant [K, 2F] "
+                                                   "(gate and up side by side); rebuild the bundle");
+  }
   *out = k;
   return NULL;
 }
@@ -585,6 +667,7 @@ static void destroy(void *op) {
 }
 
 static const char *name(const OrtCustomOp *op) { (void)op; return "MatMul"; }
+static const char *name_swiglu(const OrtCustomOp *op) { (void)op; return "MatMulSwiGLU"; }
 static ONNXTensorElementDataType type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
@@ -592,15 +675,20 @@ static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size
 static int since(const OrtCustomOp *op) { (void)op; return 1; }
 static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
 
-#define MATMUL_OP                                                                                           \
+#define MATMUL_OP(NAME)                                                                                     \
   {                                                                                                        \
-    .version = API_VERSION, .GetName = name, .GetExecutionProviderType = provider, .GetInputType = type,   \
+    .version = API_VERSION, .GetName = NAME, .GetExecutionProviderType = provider, .GetInputType = type,   \
     .GetInputTypeCount = two, .GetOutputType = type, .GetOutputTypeCount = one, .KernelDestroy = destroy, \
     .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = mem_type, \
     .CreateKernelV2 = create, .KernelComputeV2 = compute, .GetStartVersion = since, .GetEndVersion = until, \
   }
 /* one op per weight format: gqa.c registers the one a session's options ask for; create() tells which */
-OrtCustomOp specexport_matmul_op = MATMUL_OP, specexport_matmul_bf16_op = MATMUL_OP, specexport_matmul_dot_op = MATMUL_OP;
+OrtCustomOp specexport_matmul_op = MATMUL_OP(name), specexport_matmul_bf16_op = MATMUL_OP(name),
+            specexport_matmul_dot_op = MATMUL_OP(name);
+/* MatMulSwiGLU (domain specexport; the graph's function of the same name is its definition, what runs where this
+ * library does not): the MLP's gate and up projection and silu(gate) * up in one kernel, per weight format */
+OrtCustomOp specexport_swiglu_op = MATMUL_OP(name_swiglu), specexport_swiglu_bf16_op = MATMUL_OP(name_swiglu),
+            specexport_swiglu_dot_op = MATMUL_OP(name_swiglu);
 
 /* whether DOT runs on AMX tiles here (a build for a CPU with amx_bf16, the tiles granted, SPECEXPORT_AMX not 0) */
 int specexport_matmul_amx(void) { return amx(); }
