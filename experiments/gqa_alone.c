@@ -11,7 +11,8 @@
 #include <stdio.h>
 #include <time.h>
 
-OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op, specexport_matmul4_op;
+OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op, specexport_matmul4_op,
+    specexport_swiglu_op, specexport_swiglu_bf16_op, specexport_swiglu_dot_op;
 int specexport_matmul4_on(void) { return 0; }
 int specexport_matmul_dot(void) { return 0; }
 

@@ -10,7 +10,8 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 
-OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op, specexport_matmul4_op;
+OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_matmul_dot_op, specexport_matmul4_op,
+    specexport_swiglu_op, specexport_swiglu_bf16_op, specexport_swiglu_dot_op;
 int specexport_matmul4_on(void) { return 0; }
 int specexport_matmul_dot(void) { return 1; }
 int specexport_matmul_amx(void) { return 1; }
