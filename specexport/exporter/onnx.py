@@ -189,8 +189,9 @@ def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:
 
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
 
-    model = onnx.load(str(src))
+    model = onnx.load(str(src), load_external_data=False)
     unfuse_swiglu(model)
+    onnx.load_external_data_for_model(model, str(src.parent))
     fold_weight_transposes(model)
     # the rotary's rotate_half matrix (g.rot, a signed permutation) stays a float MatMul: exact, where int8
     # activations would round q and k before rotating them
@@ -205,7 +206,7 @@ def quantize(src: Path, dst: Path, bits: int, accuracy_level: int = 4) -> None:
 SWIGLU = "MatMulSwiGLU"  # domain "specexport": specexport/kernels/matmul.c, and the function below where that is not
 
 
-def swiglu_function():
+def swiglu_function(opset: int = 20):
     """MatMulSwiGLU(x, w) = silu(x w[:, :F]) * x w[:, F:], w [K, 2F]: the graph's own definition of the op (an
     ONNX model-local function), which onnxruntime inlines where no kernel of that name is registered (no
     specexport kernels: SPECEXPORT_KERNELS=0, no compiler) and OpenVINO or TensorRT would read as plain ops."""
@@ -215,7 +216,7 @@ def swiglu_function():
              helper.make_node("Split", ["gu"], ["g", "u"], axis=-1, num_outputs=2),
              helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["g", "s"], ["h"]),
              helper.make_node("Mul", ["h", "u"], ["y"])]
-    return helper.make_function("specexport", SWIGLU, ["x", "w"], ["y"], nodes, [helper.make_opsetid("", 20)])
+    return helper.make_function("specexport", SWIGLU, ["x", "w"], ["y"], nodes, [helper.make_opsetid("", opset)])
 
 
 def fuse_swiglu(model) -> int:
@@ -223,10 +224,15 @@ def fuse_swiglu(model) -> int:
     W [K, 2F], as graphs/llama.py exports them) by one MatMulSwiGLU(x, W) node; returns how many. The kernel
     writes silu(gate) * up straight from the product: onnxruntime's Split, QuickGelu and Mul were ~3.5% of a
     float32 512-token prefill call and three launches a layer in every decode step."""
-    from onnx import helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 18 or any(f.domain == "specexport" for f in model.functions):  # Split's num_outputs; fused already
+        return 0
     inits = {t.name: t for t in g.initializer}
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in g.value_info}
+    outputs = {o.name for o in g.output}
     users: dict = {}
     for n in g.node:
         for i in n.input:
@@ -243,8 +249,9 @@ def fuse_swiglu(model) -> int:
     drop, fused = set(), 0
     for mm in list(g.node):
         w = inits.get(mm.input[1]) if mm.op_type == "MatMul" and len(mm.input) == 2 else None
-        if w is None or len(w.dims) != 2 or w.dims[1] % 2:
+        if w is None or len(w.dims) != 2 or w.dims[1] % 2 or w.data_type != TensorProto.FLOAT:
             continue
+        last = [-1] + ([rank[mm.output[0]] - 1] if mm.output[0] in rank else [])  # the slices' axis: the columns
         F = w.dims[1] // 2
         slices = users.get(mm.output[0], [])
         if len(slices) != 2 or any(s.op_type != "Slice" or len(s.input) < 4 for s in slices):
@@ -253,7 +260,7 @@ def fuse_swiglu(model) -> int:
         for s in slices:
             st, en, ax = ints(s.input[1]), ints(s.input[2]), ints(s.input[3])
             steps = ints(s.input[4]) if len(s.input) > 4 else [1]
-            if st and en and ax in ([2], [-1]) and steps == [1] and len(st) == 1:
+            if st and en and ax and ax[0] in last and len(ax) == 1 and steps == [1] and len(st) == 1:
                 spans[(st[0], min(en[0], 2 * F))] = s
         gate, up = spans.get((0, F)), spans.get((F, 2 * F))
         if gate is None or up is None:
@@ -268,6 +275,9 @@ def fuse_swiglu(model) -> int:
             continue
         if len(users.get(sig.output[0], [])) != 1:
             continue
+        inner = [mm.output[0], gate.output[0], up.output[0], sig.output[0], silu.output[0]]
+        if outputs & set(inner):  # an intermediate the graph returns: it must stay
+            continue
         node = helper.make_node(SWIGLU, [mm.input[0], mm.input[1]], [out.output[0]], name=mm.name + "_swiglu",
                                 domain="specexport")
         g.node.insert(list(g.node).index(mm), node)
@@ -281,18 +291,21 @@ def fuse_swiglu(model) -> int:
         unused = [t for t in g.initializer if t.name not in used and not t.external_data]  # the Slices' bounds
         for t in unused:
             g.initializer.remove(t)
-        model.functions.append(swiglu_function())
+        model.functions.append(swiglu_function(opset))
         model.opset_import.append(helper.make_opsetid("specexport", 1))
     return fused
 
 
 def unfuse_swiglu(model) -> None:
-    """MatMulSwiGLU nodes back to their definition (the quantiser takes plain MatMuls only)."""
+    """MatMulSwiGLU nodes back to their definition (the quantiser takes plain MatMuls only). On a model loaded
+    without its external data (a whole model past 2 GB is more than one protobuf message may hold)."""
     import onnx.inliner
 
     if any(f.domain == "specexport" for f in model.functions):
-        inlined = onnx.inliner.inline_local_functions(model)
-        model.CopyFrom(inlined)
+        model.CopyFrom(onnx.inliner.inline_local_functions(model))
+    if any(n.op_type == SWIGLU for n in model.graph.node):
+        raise RuntimeError("MatMulSwiGLU nodes left after inlining their function (the graph's opset and the "
+                           "function's disagree?): the quantiser would leave their weights in float32")
 
 
 def fold_weight_transposes(model) -> None:
