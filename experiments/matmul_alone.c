@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
   uint32_t *xp = malloc(4 * M * (K + 32));
   for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 7919) % 1000) / 1000.f - 0.5f;
   for (int64_t i = 0; i < M * K; i++) x[i] = (float)((i * 104729) % 1000) / 1000.f - 0.5f;
-  Call c = {.x = x, .panels = pack(B, K, N, format, tiles), .y = y, .M = M, .K = K, .N = N, .format = format,
+  Call c = {.x = x, .panels = pack(B, K, N, format, tiles, 0), .y = y, .M = M, .K = K, .N = N, .format = format,
             .amx = tiles};
   int64_t nv = (N + VL - 1) / VL;
   c.nparts = threads < nv ? threads : nv;

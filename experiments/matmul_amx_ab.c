@@ -29,7 +29,7 @@ int main(int argc, char **argv) {
   if (!amx()) return fprintf(stderr, "no AMX here (or SPECEXPORT_AMX=0)\n"), 2;
   for (int i = 0; i < NW; i++) {
     float *B = weight(i);
-    panels[0][i] = pack(B, KK[i], NN[i], DOT, 0), panels[1][i] = pack(B, KK[i], NN[i], DOT, 1);
+    panels[0][i] = pack(B, KK[i], NN[i], DOT, 0, 0), panels[1][i] = pack(B, KK[i], NN[i], DOT, 1, 0);
     free(B);
   }
   float *Y0 = buffers(Mmax);

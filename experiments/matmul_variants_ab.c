@@ -23,8 +23,13 @@
 #define specexport_matmul_dot_op P(dot_op)
 #define specexport_matmul_dot P(dot)
 #define specexport_matmul_amx P(amx)
+#define specexport_swiglu_op P(swiglu_op)
+#define specexport_swiglu_bf16_op P(swiglu_bf16_op)
+#define specexport_swiglu_dot_op P(swiglu_dot_op)
 #include MATMUL
-#ifdef HAVE_AMX /* matmul.c since 2026-12-05: pack() takes whether DOT panels are for AMX */
+#if defined(PACK_GLU) /* matmul.c since 2026-12-05 19:50: pack() takes whether B is MatMulSwiGLU's */
+void *P(pack_f32)(const float *B, int64_t K, int64_t N) { return pack(B, K, N, F32, 0, 0); }
+#elif defined(HAVE_AMX) /* matmul.c since 2026-12-05: pack() takes whether DOT panels are for AMX */
 void *P(pack_f32)(const float *B, int64_t K, int64_t N) { return pack(B, K, N, F32, 0); }
 #else
 void *P(pack_f32)(const float *B, int64_t K, int64_t N) { return pack(B, K, N, F32); }

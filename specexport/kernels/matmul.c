@@ -230,7 +230,35 @@ typedef struct {
   int64_t M, K, N, nparts;
   int format; /* the panels' elements: F32, BF16 or DOT (x and K are then the activations' pairs) */
   int amx;    /* DOT on AMX tiles (part_amx): K is then a multiple of 16 pairs */
+  float *glu; /* MatMulSwiGLU: its output [M, F]; the panels come in (gate, up) pairs (pack's glu), N = 2 PW P */
+  int64_t F;
+  volatile int oom; /* a part could not allocate its scratch */
 } Call;
+
+/* silu(g) = g sigmoid(g), the sigmoid from exp16(-|g|) (never overflows): 1 / (1 + e) for g >= 0, e / (1 + e) */
+static inline v16 silu16(v16 g) {
+  v16 e = exp16(sel(g < 0, g, -g)), one = (v16){0} + 1.0f;
+  return g * sel(g >= 0, one / (one + e), e / (one + e));
+}
+/* MatMulSwiGLU's epilogue for `rows` rows: o[r, j] = silu(g[r, j]) u[r, j], j < n, u = g + PW (the pair's up
+ * panel beside its gate panel); gs and os the rows' strides */
+static void glu_rows(const float *g, int64_t gs, float *o, int64_t os, int64_t n, int64_t rows) {
+  for (int64_t r = 0; r < rows; r++, g += gs, o += os) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) *(v16u *)(o + j) = silu16(*(const v16u *)(g + j)) * *(const v16u *)(g + PW + j);
+    if (j < n) {
+      float gb[16] = {0}, ub[16] = {0};
+      memcpy(gb, g + j, (n - j) * 4), memcpy(ub, g + PW + j, (n - j) * 4);
+      v16 t = silu16(*(v16u *)gb) * *(v16u *)ub;
+      memcpy(o + j, &t, (n - j) * 4);
+    }
+  }
+}
+/* pair q's epilogue for rows [m0, m1): g, its gate panel's sums at row 0 (rows of `gs` floats, the up panel's
+ * beside them) */
+static void glu_pair(const Call *c, const float *g, int64_t gs, int64_t q, int64_t m0, int64_t m1) {
+  glu_rows(g + m0 * gs, gs, c->glu + m0 * c->F + PW * q, c->F, c->F - PW * q < PW ? c->F - PW * q : PW, m1 - m0);
+}
 
 /* Task p: its share of the VL-column vectors, panel by panel (vectors [a, b) of each), in passes of at most RB
  * rows (as many rows in each) over all K. Its panels lie end to end in memory: while it reads one, the next is
@@ -244,8 +272,9 @@ typedef struct {
   const char *end, *ahead;
 } Share;
 static Share share(const Call *c, size_t p, int64_t bytes, int64_t passes) {
-  int64_t nv = (c->N + VL - 1) / VL;
-  Share s = {nv * (int64_t)p / c->nparts, nv * ((int64_t)p + 1) / c->nparts};
+  int64_t nv = (c->N + VL - 1) / VL, unit = c->glu ? 2 * PV : 1, nu = nv / unit; /* glu: whole panel pairs */
+  Share s = {nu * (int64_t)p / c->nparts * unit, nu * ((int64_t)p + 1) / c->nparts * unit};
+  if (!c->glu) s.v0 = nv * (int64_t)p / c->nparts, s.v1 = nv * ((int64_t)p + 1) / c->nparts;
   s.end = (const char *)c->panels + (s.v1 + PV - 1) / PV * bytes;
   s.ahead = (const char *)c->panels + (s.v0 / PV + (passes > 1)) * bytes;
   return s;
@@ -267,10 +296,21 @@ static void part(void *arg, size_t p) {
   if (lines < 1) lines = 1; /* a bfloat16 panel row of the AVX2 build is half a line */
   const char *base = (const char *)c->panels;
   Share sh = share(c, p, bytes, passes);
+  /* MatMulSwiGLU: a gate panel's sums and then its up panel's into this thread's [M, 2 PW] buffer, the
+   * epilogue from there (in cache) into the output: the product [M, 2F] is never written out */
+  static __thread void *pb;
+  static __thread size_t pcap;
+  float *pair = c->glu ? kept(&pb, &pcap, sizeof(float) * c->M * 2 * PW) : NULL;
+  if (c->glu && !pair) {
+    ((Call *)c)->oom = 1;
+    return;
+  }
   for (int64_t v = sh.v0; v < sh.v1;) {
     int64_t panel = v / PV, a = v % PV, b = sh.v1 - panel * PV < PV ? sh.v1 - panel * PV : PV;
     const char *w = base + (panel * K * PW + VL * a) * es;
     int64_t n0 = VL * v, cols = N - n0 < VL * (b - a) ? N - n0 : VL * (b - a);
+    float *y = pair ? pair + (panel & 1) * PW + VL * a : c->y + n0;
+    int64_t ys = pair ? 2 * PW : N;
     /* more than two passes: KC rows of the panel at a time (256 kB, kept in L2 while every pass reads them) */
     int64_t kc = passes > 2 ? KC : K;
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
@@ -279,10 +319,11 @@ static void part(void *arg, size_t p) {
         const char *limit =
             pace(&sh, base + (panel + 1) * bytes + (bytes * (k0 * passes + pass * (k1 - k0))) / (K * passes), passes);
         int R = c->M - r < rp ? (int)(c->M - r) : (int)rp;
-        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, c->y + r * N + n0, N, cols,
-                                    &sh.ahead, limit, lines);
+        blocks[c->format][R][b - a](c->x + r * K, K, k0, k1, w + k0 * PW * es, y + r * ys, ys, cols, &sh.ahead,
+                                    limit, lines);
       }
     }
+    if (pair && panel % 2) glu_pair(c, pair, 2 * PW, panel / 2, 0, c->M);
     v = (panel + 1) * PV;
   }
 }
@@ -402,15 +443,21 @@ static void part_amx(void *arg, size_t p) { (void)arg, (void)p; }
 static int64_t dot_rows(int64_t K, int amx) { return amx ? ((K + 1) / 2 + 15) / 16 * 16 : (K + 1) / 2; }
 
 /* B [K, N] as panels (see Call) in `format`, in a fresh 64-byte aligned buffer; NULL when out of memory. DOT:
- * dot_rows(K) panel rows of 32-bit pairs, row p: k = 2p in the low half, 2p + 1 in the high half (0 past K). */
-static void *pack(const float *B, int64_t K, int64_t N, int format, int amx) {
-  int64_t np = (N + PW - 1) / PW, es = format == BF16 ? 2 : 4, rows = format == DOT ? dot_rows(K, amx) : K;
+ * dot_rows(K) panel rows of 32-bit pairs, row p: k = 2p in the low half, 2p + 1 in the high half (0 past K).
+ * glu (MatMulSwiGLU's B, gate and up side by side, F = N / 2 columns each): panel 2q holds the gate's columns
+ * [q PW, q PW + PW) and panel 2q + 1 the up projection's same columns (glu_panels(N) columns in all). */
+static int64_t glu_panels(int64_t N) { return 2 * PW * ((N / 2 + PW - 1) / PW); }
+#define PACK_GLU /* pack() takes glu (experiments/matmul_variants_ab.c builds older copies too) */
+static void *pack(const float *B, int64_t K, int64_t N, int format, int amx, int glu) {
+  int64_t F = N / 2, np = glu ? glu_panels(N) / PW : (N + PW - 1) / PW, es = format == BF16 ? 2 : 4;
+  int64_t rows = format == DOT ? dot_rows(K, amx) : K;
   char *panels = aligned_alloc(64, (size_t)(np * rows * PW * es));
   if (!panels) return NULL;
   for (int64_t p = 0; p < np; p++)
     for (int64_t k = 0; k < rows; k++) {
       char *dst = panels + (p * rows + k) * PW * es;
-      int64_t n0 = p * PW, cols = N - n0 < PW ? N - n0 : PW;
+      int64_t n0 = glu ? p % 2 * F + p / 2 * PW : p * PW, end = glu ? p % 2 * F + F : N;
+      int64_t cols = end - n0 < PW ? end - n0 : PW;
       memset(dst, 0, PW * es);
       if (format == BF16)
         for (int64_t i = 0; i < cols; i++) ((uint16_t *)dst)[i] = to_bf16(B[k * N + n0 + i]);
@@ -459,6 +506,7 @@ typedef struct {
   OrtOp *fallback; /* onnxruntime's MatMul, for the B this kernel does not take */
   void *panels;    /* B packed, when B is a constant [K, N] (a weight); else NULL and the fallback runs */
   int64_t K, N;
+  int64_t Np;      /* the panels' columns: N, or MatMulSwiGLU's pairs of gate and up panels (glu_panels) */
   int format;      /* F32, or what the session's specexport.matmul_weights asked for (bf16: BF16, bf16dot: DOT) */
   int amx;         /* DOT on AMX tiles (part_amx) */
   int rows;        /* prefill calls with K > N split by rows (rows_part) */
@@ -502,31 +550,10 @@ static OrtStatus *fallback(Kernel *k, OrtKernelContext *ctx, const OrtValue *a, 
  * columns"). SPECEXPORT_MATMUL_ROWS=0 (read when a kernel is made) keeps the column split. */
 #define ROWS_FROM 256
 
-/* silu(g) = g sigmoid(g), the sigmoid from exp16(-|g|) (never overflows): 1 / (1 + e) for g >= 0, e / (1 + e) */
-static inline v16 silu16(v16 g) {
-  v16 e = exp16(sel(g < 0, g, -g)), one = (v16){0} + 1.0f;
-  return g * sel(g >= 0, one / (one + e), e / (one + e));
-}
-/* MatMulSwiGLU's epilogue over rows [m0, m1): y[r, j] = silu(gu[r, j]) gu[r, F + j], gu [M, 2F], y [M, F] */
-static void swiglu_rows(const float *gu, int64_t F, float *y, int64_t m0, int64_t m1) {
-  for (int64_t r = m0; r < m1; r++) {
-    const float *g = gu + r * 2 * F, *u = g + F;
-    float *o = y + r * F;
-    int64_t j = 0;
-    for (; j + 16 <= F; j += 16) *(v16u *)(o + j) = silu16(*(const v16u *)(g + j)) * *(const v16u *)(u + j);
-    if (j < F) {
-      float gb[16] = {0}, ub[16] = {0};
-      memcpy(gb, g + j, (F - j) * 4), memcpy(ub, u + j, (F - j) * 4);
-      v16 t = silu16(*(v16u *)gb) * *(v16u *)ub;
-      memcpy(o + j, &t, (F - j) * 4);
-    }
-  }
-}
 typedef struct {
   const Call *c;
   int64_t step; /* the parts' rows are multiples of this (a register or tile block) */
-  float *glu;   /* MatMulSwiGLU's output: each part's epilogue over its own rows, or NULL */
-  int product;  /* 0: the epilogue alone (the product was split by columns) */
+  int product;  /* 0: MatMulSwiGLU's epilogue alone (an AMX product split by columns) */
 } Rows;
 static void rows_part(void *arg, size_t p) {
   const Rows *r = arg;
@@ -536,9 +563,12 @@ static void rows_part(void *arg, size_t p) {
   if (m1 > c->M) m1 = c->M;
   if (m0 > m1) m0 = m1;
   Call s = *c; /* x's rows are K 32-bit elements (floats, or bf16dot's pairs) */
-  s.x = (const float *)((const char *)c->x + m0 * c->K * 4), s.y = c->y + m0 * c->N, s.M = m1 - m0, s.nparts = 1;
+  s.x = (const float *)((const char *)c->x + m0 * c->K * 4), s.M = m1 - m0, s.nparts = 1;
+  s.y = c->y ? c->y + m0 * c->N : NULL, s.glu = c->glu ? c->glu + m0 * c->F : NULL;
   if (r->product && s.M > 0) (c->amx ? part_amx : part)(&s, 0);
-  if (r->glu) swiglu_rows(c->y, c->N / 2, r->glu, m0, m1);
+  if (s.oom) ((Call *)c)->oom = 1;
+  if (c->glu && c->amx) /* the tiles' sums went to the caller's buffer (all pairs): the epilogue of these rows */
+    for (int64_t q = 0; q < c->F / PW + (c->F % PW > 0); q++) glu_pair(c, c->y + 2 * PW * q, c->N, q, m0, m1);
 }
 
 static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
@@ -555,24 +585,22 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): B is not the constant it was packed from");
   if (ad[ar - 1] != k->K)
     return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMul (specexport): A's last dimension is not B's first");
-  Call c = {.K = k->K, .N = k->N, .M = 1, .panels = k->panels, .format = k->format, .amx = k->amx};
+  Call c = {.K = k->K, .N = k->Np, .M = 1, .panels = k->panels, .format = k->format, .amx = k->amx};
   int64_t yd[8];
   for (size_t i = 0; i + 1 < ar; i++) c.M *= ad[i], yd[i] = ad[i];
-  yd[ar - 1] = k->swiglu ? c.N / 2 : c.N;
+  yd[ar - 1] = k->swiglu ? k->N / 2 : k->N;
   OrtValue *y;
   TRY(ort->KernelContext_GetOutput(ctx, 0, yd, ar, &y));
   TRY(ort->GetTensorMutableData((OrtValue *)a, (void **)&c.x));
   TRY(ort->GetTensorMutableData(y, (void **)&c.y));
   if (c.M == 0 || c.N == 0) return NULL;
-  float *glu = NULL;
-  if (k->swiglu) { /* the whole product into the calling thread's kept buffer, the epilogue from it into y */
+  if (k->swiglu) { /* part() keeps each panel pair's sums in its own buffer; the tiles' go to one [M, N] here */
     static __thread void *gb;
     static __thread size_t gcap;
-    glu = c.y;
-    if (!(c.y = kept(&gb, &gcap, sizeof(float) * c.M * c.N)))
+    c.glu = c.y, c.F = k->N / 2, c.y = NULL;
+    if (c.amx && !(c.y = kept(&gb, &gcap, sizeof(float) * c.M * c.N)))
       return ort->CreateStatus(ORT_FAIL, "MatMulSwiGLU (specexport): out of memory");
   }
-  OrtStatus *st = NULL;
   if (c.format == DOT) { /* the activations as bfloat16 pairs: a call over K / 2 rows of pairs */
     c.K = dot_rows(k->K, c.amx);
     /* into the calling thread's kept buffer; a prefill chunk's rows split between the threads */
@@ -588,23 +616,25 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     c.x = (const float *)buf;
   }
   int64_t nv = (c.N + VL - 1) / VL;
+  static const char *oom = "MatMulSwiGLU (specexport): out of memory for a thread's scratch";
   if (k->rows && c.M >= ROWS_FROM && (k->K > k->N || k->swiglu) && parts() > 1) {
     c.nparts = parts();
-    Rows r = {&c, c.amx ? 32 : RB, glu, 1};
-    return ort->KernelContext_ParallelFor(ctx, rows_part, (size_t)c.nparts, (size_t)c.nparts, &r);
+    Rows r = {&c, c.amx ? 32 : RB, 1};
+    TRY(ort->KernelContext_ParallelFor(ctx, rows_part, (size_t)c.nparts, (size_t)c.nparts, &r));
+    return c.oom ? ort->CreateStatus(ORT_FAIL, oom) : NULL;
   }
-  c.nparts = parts() < nv ? parts() : nv;
+  int64_t units = c.glu ? nv / (2 * PV) : nv; /* a MatMulSwiGLU part takes whole panel pairs */
+  c.nparts = parts() < units ? parts() : units;
   if (c.nparts == 1)
     (c.amx ? part_amx : part)(&c, 0);
   else
-    st = ort->KernelContext_ParallelFor(ctx, c.amx ? part_amx : part, (size_t)c.nparts, (size_t)c.nparts, &c);
-  if (st || !glu) return st;
-  if (c.M < 64 || parts() == 1) { /* a decode or verify call's few rows: on this thread */
-    swiglu_rows(c.y, c.N / 2, glu, 0, c.M);
-    return NULL;
-  }
-  c.nparts = parts();
-  Rows r = {&c, 1, glu, 0}; /* the epilogue alone, each part over its share of the rows */
+    TRY(ort->KernelContext_ParallelFor(ctx, c.amx ? part_amx : part, (size_t)c.nparts, (size_t)c.nparts, &c));
+  if (c.oom) return ort->CreateStatus(ORT_FAIL, oom);
+  if (!c.glu || !c.amx) return NULL;
+  /* the tiles' epilogue: a decode or verify call's few rows on this thread, else each thread a share of the rows */
+  c.nparts = c.M < 64 ? 1 : parts();
+  Rows r = {&c, 1, 0};
+  if (c.nparts == 1) return rows_part(&r, 0), NULL;
   return ort->KernelContext_ParallelFor(ctx, rows_part, (size_t)c.nparts, (size_t)c.nparts, &r);
 }
 
@@ -638,7 +668,8 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     ort->ReleaseStatus(st), B = NULL;
   if (br == 2 && B) {
     k->K = bd[0], k->N = bd[1];
-    if (!(k->panels = pack(B, k->K, k->N, k->format, k->amx))) {
+    k->Np = k->swiglu ? glu_panels(k->N) : k->N;
+    if (!(k->panels = pack(B, k->K, k->N, k->format, k->amx, k->swiglu && k->N % 2 == 0))) {
       ort->ReleaseOp(k->fallback);
       free(k);
       return ort->CreateStatus(ORT_FAIL, "MatMul (specexport): out of memory packing a weight");
@@ -686,7 +717,11 @@ static int until(const OrtCustomOp *op) { (void)op; return 1 << 30; }
 OrtCustomOp specexport_matmul_op = MATMUL_OP(name), specexport_matmul_bf16_op = MATMUL_OP(name),
             specexport_matmul_dot_op = MATMUL_OP(name);
 /* MatMulSwiGLU (domain specexport; the graph's function of the same name is its definition, what runs where this
- * library does not): the MLP's gate and up projection and silu(gate) * up in one kernel, per weight format */
+ * library does not): the MLP's gate and up projection and silu(gate) * up in one kernel, per weight format. B is
+ * packed with the gate's and the up projection's panels in pairs (pack's glu); part() runs a pair's two panels
+ * into its thread's [M, 2 PW] buffer and writes the pair's silu(gate) * up from there, so the product is never
+ * written out (on AMX, part_amx's sums go to one [M, N] buffer and rows_part runs the epilogue). The products are
+ * the MatMul's chains, the epilogue elementwise: rows stay independent of their call. */
 OrtCustomOp specexport_swiglu_op = MATMUL_OP(name_swiglu), specexport_swiglu_bf16_op = MATMUL_OP(name_swiglu),
             specexport_swiglu_dot_op = MATMUL_OP(name_swiglu);
 
