@@ -271,10 +271,11 @@ typedef struct {
   int64_t v0, v1;
   const char *end, *ahead;
 } Share;
+/* the vectors a share is made of: one, or MatMulSwiGLU's whole (gate, up) panel pairs */
+static int64_t share_unit(const Call *c) { return c->glu ? 2 * PV : 1; }
 static Share share(const Call *c, size_t p, int64_t bytes, int64_t passes) {
-  int64_t nv = (c->N + VL - 1) / VL, unit = c->glu ? 2 * PV : 1, nu = nv / unit; /* glu: whole panel pairs */
+  int64_t unit = share_unit(c), nu = (c->N + VL - 1) / VL / unit;
   Share s = {nu * (int64_t)p / c->nparts * unit, nu * ((int64_t)p + 1) / c->nparts * unit};
-  if (!c->glu) s.v0 = nv * (int64_t)p / c->nparts, s.v1 = nv * ((int64_t)p + 1) / c->nparts;
   s.end = (const char *)c->panels + (s.v1 + PV - 1) / PV * bytes;
   s.ahead = (const char *)c->panels + (s.v0 / PV + (passes > 1)) * bytes;
   return s;
@@ -568,7 +569,7 @@ static void rows_part(void *arg, size_t p) {
   if (r->product && s.M > 0) (c->amx ? part_amx : part)(&s, 0);
   if (s.oom) ((Call *)c)->oom = 1;
   if (c->glu && c->amx) /* the tiles' sums went to the caller's buffer (all pairs): the epilogue of these rows */
-    for (int64_t q = 0; q < c->F / PW + (c->F % PW > 0); q++) glu_pair(c, c->y + 2 * PW * q, c->N, q, m0, m1);
+    for (int64_t q = 0; q < c->N / (2 * PW); q++) glu_pair(c, c->y + 2 * PW * q, c->N, q, m0, m1);
 }
 
 static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
@@ -623,7 +624,7 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
     TRY(ort->KernelContext_ParallelFor(ctx, rows_part, (size_t)c.nparts, (size_t)c.nparts, &r));
     return c.oom ? ort->CreateStatus(ORT_FAIL, oom) : NULL;
   }
-  int64_t units = c.glu ? nv / (2 * PV) : nv; /* a MatMulSwiGLU part takes whole panel pairs */
+  int64_t units = nv / share_unit(&c);
   c.nparts = parts() < units ? parts() : units;
   if (c.nparts == 1)
     (c.amx ? part_amx : part)(&c, 0);
