@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SOURCES = ("gqa.c", "gqa_rows.h", "gqa_amx.h", "matmul.c", "matmul4.c", "ops.h")
 HEAD_DIMS = tuple(range(16, 129, 16))  # gqa.c's register-blocked paths
-FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-Wall"]
+FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-Wl,-z,nodelete", "-Wall"]
 log = logging.getLogger("specexport")
 _lock = threading.Lock()
 _built: dict = {}  # cache path -> Path or None (a failed build is not retried in this process)

@@ -19,6 +19,7 @@
  * total_sequence_length equals T ("first prompt") rows have no past and shorter rows are right-padded.
  * Head sizes: multiples of 16 up to 128 (others are refused at the first call). */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +143,38 @@ static inline v16 hsum16(const v16 *a) {
 #include "gqa_rows.h"
 
 static __typeof__(rows1) *const rows[9] = {NULL, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8}; /* by D / 16 */
+
+/* Every thread's kept buffers (ops.h kept), freed by a key's destructor when it exits: onnxruntime's calling
+ * thread runs a share of each call, so a caller that runs each request on a thread of its own would leave a few
+ * MB behind per thread. The library is linked -z nodelete: a thread may exit after the library is dlclosed. */
+#define KEPT_MAX 8 /* the library keeps five */
+static __thread struct {
+  void **buf;
+  size_t *cap;
+} owned[KEPT_MAX];
+static __thread int nowned;
+static pthread_key_t owner;
+static pthread_once_t owner_once = PTHREAD_ONCE_INIT;
+
+static void release(void *unused) {
+  (void)unused;
+  for (int i = 0; i < nowned; i++) {
+    free(*owned[i].buf);
+    *owned[i].buf = NULL, *owned[i].cap = 0;
+  }
+  nowned = 0;
+}
+
+static void owner_key(void) { pthread_key_create(&owner, release); }
+
+void specexport_kept_own(void **buf, size_t *cap) {
+  for (int i = 0; i < nowned; i++)
+    if (owned[i].buf == buf) return;
+  if (nowned == KEPT_MAX) return; /* kept for the thread's life, as before */
+  pthread_once(&owner_once, owner_key);
+  pthread_setspecific(owner, owned); /* non-NULL: the destructor runs at the thread's exit */
+  owned[nowned].buf = buf, owned[nowned++].cap = cap;
+}
 
 /* A task's scratch: one buffer per thread, kept and grown to the largest task it has run (a fresh block per
  * task was a fresh mapping of a few hundred kB, every task of every layer) */

@@ -42,10 +42,15 @@ typedef struct {
   uint8_t rows[16];
 } __attribute__((packed)) TileConfig;
 
+/* A thread's kept buffer (a pair of its __thread variables) to free when the thread exits (gqa.c) */
+void specexport_kept_own(void **buf, size_t *cap);
+
 /* *buf grown to at least `bytes` (64-byte aligned, whole pages) and kept for the next call: a fresh block per
- * call was a fresh mapping of up to a few MB, page faults and all. NULL (and *cap 0) when memory runs out. */
+ * call was a fresh mapping of up to a few MB, page faults and all. NULL (and *cap 0) when memory runs out.
+ * `buf` and `cap` are the calling thread's own (__thread); freed when it exits. */
 static inline void *kept(void **buf, size_t *cap, size_t bytes) {
   if (bytes > *cap) {
+    if (!*buf) specexport_kept_own(buf, cap);
     free(*buf);
     *cap = (bytes + 4095) & ~(size_t)4095;
     if (!(*buf = aligned_alloc(64, *cap))) *cap = 0;
