@@ -187,6 +187,38 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         pipe.close(10)
 
 
+def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path):
+    """Where the guard has measured speculation at some batch size (>= 3 rows) and even the best k would not pay,
+    a larger batch size drafts nothing either, without a first try of its own (the fused graphs run every B, and
+    a try at each cost a burst 8%, engine._spec_measured): three requests decode and draft once at 3 rows, a
+    fourth arrives and the 4-row steps draft nothing; the tokens are the solo ones."""
+    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", attention="fused",
+                                        batch_sizes=(1, 2, 4)))
+    if not pipe.target.kernel:
+        pytest.skip("onnxruntime's own attention verifies nothing at B > 1 (no C compiler for specexport's kernel)")
+    prompts = PROMPTS[:4]
+    want = [solo(pipe, p, max_new_tokens=24) for p in prompts]
+    eng = pipe.start_engine(max_batch=4, max_queue=8)
+    eng._thread = True  # driven by hand
+    eng.payoff.allows = lambda B: True
+    eng.costs.seen = {(B, T): 1.0 if T == 1 else 8.0 for B in (1, 2, 3, 4) for T in pipe.target.profile_ts}
+    eng.drafts.costs.seen = {(B, 1): 0.01 for B in (1, 2, 3, 4)}
+    eng.costs.update = eng.drafts.costs.update = lambda *a: None
+    rows, runs, decode, run = {}, [], eng._decode, eng.drafts.run
+    eng._decode = lambda dec, ride=None: rows.update(B=eng.target.batch_for(max(s.row for s in dec) + 1)) or decode(dec, ride)
+    eng.drafts.run = lambda pairs, *a: runs.append(rows["B"]) or run(pairs, *a)
+    cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in prompts[:3]]
+    while eng.counters["batch"].get(3, 0) < 4:
+        assert eng.step()
+    cs.append(pipe.submit(prompts[3], max_new_tokens=24, draft="model", k="auto"))
+    while eng.step():
+        pass
+    assert [c.wait(1).token_ids for c in cs] == want
+    assert eng.counters["batch"].get(4), eng.counters
+    assert runs.count(3) >= 1 and runs.count(4) == 0, (runs, eng.counters)
+    pipe.close(10)
+
+
 def test_gumbel_sampling_matches_solo(bundles):
     pipe = specexport.load(bundles["portable"])
     kw = dict(max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
@@ -536,36 +568,46 @@ def test_the_default_budget_follows_the_prompts_waiting(bundles, budget):
 
 
 def test_payoff_pauses_speculation_that_delivers_less_than_plain():
-    """runtime/costs.Payoff: a batch size whose speculative calls deliver fewer tokens per row per second than a
-    plain call (one token per row per plain call, timed in a run of plain calls) decodes plain for `pause`
-    steps, then tries again from a fresh average (each retry that falls behind again doubles the pause, one
-    that pays resets it); plain calls right after a speculative one (a change of shape) do not move the plain
-    estimate; other batch sizes are not affected."""
+    """runtime/costs.Payoff: a batch size whose steps that drafted deliver fewer tokens per row per second than a
+    plain call (one token per row per plain call, timed in a run of plain calls), judged on their moving
+    averages of tokens and of seconds once `settle` of them ran, decodes plain for `pause` steps, then tries
+    again from nothing (each retry that falls behind again doubles the pause, one that pays resets it). One
+    step that accepted nothing does not pause it; plain calls right after a speculative one (a change of shape)
+    do not move the plain estimate; other batch sizes are not affected."""
     from specexport.runtime.costs import Payoff
 
-    p = Payoff(pause=3)
+    def behind(p, most):  # steps of ~1.1 tokens per row in 0.2 s (5.6 per second) until the guard pauses
+        for i in range(most):
+            p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
+            if not p.allows(8):
+                return i + 1
+        return None
+
+    p = Payoff(pause=3, settle=4)
     p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
     p.record(8, 1, 8, 8, 0.100, plain_s=0.100)  # a run of plain calls: 10 tokens per row per second
-    p.record(8, 9, 24, 8, 0.200, plain_s=0.100)  # 3 tokens per row in 0.2 s: 15 per second, pays
-    assert p.allows(8)
+    for _ in range(4):  # 3 tokens per row in 0.2 s: 15 per second, pays
+        p.record(8, 9, 24, 8, 0.200, plain_s=0.100)
+    assert p.allows(8) and p.rate(8) == pytest.approx(15)
     p.record(8, 1, 8, 8, 0.500, plain_s=0.100)  # after a change of shape: not a plain call's cost
     assert p.plain[8] == pytest.approx(0.100)
-    for _ in range(3):  # ~1.1 tokens per row in 0.2 s: the average (15 at first) falls below 10
-        p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
+    p.record(8, 9, 8, 8, 0.200, plain_s=0.100)  # a step that accepted nothing (5 per second) does not pause it
+    assert p.allows(8)
+    assert behind(p, 20) == 7  # the averages fall below 10 per second
     assert not p.allows(8) and p.allows(4)
     for _ in range(3):
         p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
-    assert p.allows(8) and 8 not in p.rate  # paused 3 plain steps, then a fresh start
-    for pause in (6, 12):  # retries that fall behind again: each pause twice the one before
-        p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
+    assert p.allows(8) and not p.measured(8)  # paused 3 plain steps, then a fresh start
+    for pause in (6, 12):  # retries that fall behind again: judged after `settle` steps, each pause twice the last
+        assert behind(p, 20) == 4
         for _ in range(pause):
             assert not p.allows(8)
             p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
         assert p.allows(8)
-    p.record(8, 9, 24, 8, 0.200, plain_s=0.100)  # a retry that pays: speculation goes on, the pause back to 3
-    for _ in range(3):  # falls behind later: paused for the first pause's length again
-        p.record(8, 9, 9, 8, 0.200, plain_s=0.100)
-    assert not p.allows(8) and p.plain_left[8] == 3
+    for _ in range(4):  # a retry that pays: speculation goes on, the pause back to 3
+        p.record(8, 9, 24, 8, 0.200, plain_s=0.100)
+    assert p.allows(8)
+    assert behind(p, 20) and p.plain_left[8] == 3  # falls behind later: paused for the first pause's length
 
 
 def test_payoff_counts_the_drafting_of_steps_that_chose_plain():
@@ -574,13 +616,13 @@ def test_payoff_counts_the_drafting_of_steps_that_chose_plain():
     calls without drafting (host 0) are plain steps and do not; the plain estimate is the calls' own time."""
     from specexport.runtime.costs import Payoff
 
-    drafted, undrafted = Payoff(pause=3), Payoff(pause=3)
+    drafted, undrafted = Payoff(pause=3, settle=4), Payoff(pause=3, settle=4)
     for _ in range(4):
         drafted.record(8, 1, 8, 8, 0.100, plain_s=0.100, host=0.010)
         undrafted.record(8, 1, 8, 8, 0.100, plain_s=0.100)
     assert not drafted.allows(8) and undrafted.allows(8)
-    assert drafted.plain[8] == pytest.approx(0.100) and drafted.rate[8] == pytest.approx(1 / 0.110)
-    ok = Payoff(pause=3)  # drafting that pays for itself: 2 tokens per row in 0.11 s
+    assert drafted.plain[8] == pytest.approx(0.100) and drafted.rate(8) == pytest.approx(1 / 0.110)
+    ok = Payoff(pause=3, settle=4)  # drafting that pays for itself: 2 tokens per row in 0.11 s
     for _ in range(4):
         ok.record(8, 5, 16, 8, 0.100, plain_s=0.100, host=0.010)
     assert ok.allows(8)

@@ -45,9 +45,9 @@ class StepCosts:
 
 class Payoff:
     """Whether speculating still pays at a batch size, by what it delivered: the realized tokens per row per second of
-    the steps that drafted (an exponential moving average over their call and the drafting before it: the
-    drafts, the choice of T and the inputs, paid also by the steps whose choice was T = 1, which the calls
-    alone did not show; all the host work of an adaptive step at 4 rows of SmolLM2 on 2 cores is ~1.3 ms
+    the steps that drafted (the ratio of two moving averages, their tokens per row and their seconds of call and
+    of the drafting before it: the drafts, the choice of T and the inputs, paid also by the steps whose choice
+    was T = 1, which the calls alone did not show; all the host work of an adaptive step at 4 rows of SmolLM2 on 2 cores is ~1.3 ms
     against ~1.0 ms for a plain one and a ~21 ms call, experiments/host_time.py) against a plain call's one
     token per row per plain second (a (B, 1) call that follows a (B, 1) call; the first estimate is the cost
     table's, measured by the engine's warm-up the same way). While paused, the engine drafts nothing at that B.
@@ -55,9 +55,14 @@ class Payoff:
     the drafts, or where a change of call shape costs extra on its own (~21 ms on OpenVINO's dynamic model,
     bf16 SmolLM2, against a 55 ms call: a speculating step pays it going to T and coming back, and the cost
     table then prices both T = 1 and T > 1 with it), speculation delivered 0.5-0.8x plain decoding through the
-    engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once the average falls below plain,
-    that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average; a
-    retry that falls behind again doubles the next pause (up to 16x), one that keeps up resets it. It
+    engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once `settle` steps drafted and the
+    average is below plain, that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average; a
+    retry that falls behind again doubles the next pause (up to 16x), one that keeps up resets it. A step's
+    acceptance swings between all and nothing (the int4 self-draft at 4 rows, k = 4: 19% of the rows accepted
+    none, 45% all four), so an average of each step's own rate (weight 0.3), judged after every step, paused 4
+    rows on a stretch of misses that the next steps would have paid for: 38 paused steps of ~140 in a burst
+    that fixed k = 4 ran without any, 0.98x it; averaging tokens and seconds apart (weight 0.1) and judging from
+    the 8th step: no pause, 1.00x (experiments/guard_ab.py, 2026-12-05, `xeon-m207`). It
     guards B >= MIN_ROWS only (below, `allows` is always true and `record` keeps nothing): one or two rows compete with few others, a (2, 3) call costs about
     what a (1, 5) one does, and pausing there lost: 6% at one row on onnxruntime (0.94x in 4 of 4 interleaved
     rounds, experiments/payoff_ab.py), 6-8% at two (the guard left off below 3 rows: 1.06x / 1.08x the guarded
@@ -70,9 +75,13 @@ class Payoff:
 
     MAX_DOUBLINGS = 4  # a pause grows to at most pause * 2 ** 4 steps
 
-    def __init__(self, smoothing: float = 0.3, pause: int = 32):
-        self.smoothing, self.pause = smoothing, pause
-        self.rate: dict = {}  # B -> realized tokens per row per second of the steps that drafted
+    def __init__(self, smoothing: float = 0.1, pause: int = 32, settle: int = 8):
+        self.smoothing, self.pause, self.settle = smoothing, pause, settle
+        # B -> moving averages of the tokens per row and of the seconds (call and drafting) of the steps that
+        # drafted; their ratio is the realized rate
+        self.tokens: dict = {}
+        self.seconds: dict = {}
+        self.steps: dict = {}  # B -> steps that drafted since the last pause
         self.plain: dict = {}  # B -> seconds of a (B, 1) call in a run of them
         self.plain_left: dict = {}  # B -> plain steps left before speculating again
         # B -> pauses in a row, each after a retry that fell behind plain again: the next pause is twice as long
@@ -85,7 +94,11 @@ class Payoff:
 
     def measured(self, B: int) -> bool:
         """Whether speculation at B (guarded) has a realized rate since its last pause: its retry has run."""
-        return B in self.rate
+        return B in self.steps
+
+    def rate(self, B: int) -> float:
+        """Realized tokens per row per second of the steps that drafted at B since the last pause."""
+        return self.tokens[B] / self.seconds[B]
 
     def _ema(self, d: dict, key, x: float) -> None:
         d[key] = x if key not in d else (1 - self.smoothing) * d[key] + self.smoothing * x
@@ -107,12 +120,15 @@ class Payoff:
         if T == 1 and not host:
             if self.plain_left.get(B):
                 self.plain_left[B] -= 1
-                if not self.plain_left[B]:
-                    self.rate.pop(B, None)  # try again from nothing
+                if not self.plain_left[B]:  # try again from nothing
+                    for d in (self.tokens, self.seconds, self.steps):
+                        d.pop(B, None)
             return
-        self._ema(self.rate, B, tokens / (rows * (seconds + host)))
-        if self.rate[B] < 1 / self.plain[B]:
+        self._ema(self.tokens, B, tokens / rows)
+        self._ema(self.seconds, B, seconds + host)
+        self.steps[B] = self.steps.get(B, 0) + 1
+        if self.steps[B] >= self.settle and self.rate(B) < 1 / self.plain[B]:
             self.plain_left[B] = self.pause << min(self.fails.get(B, 0), self.MAX_DOUBLINGS)
             self.fails[B] = self.fails.get(B, 0) + 1
-        else:
+        elif self.steps[B] >= self.settle:
             self.fails.pop(B, None)

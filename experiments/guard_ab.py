@@ -1,0 +1,121 @@
+"""The speculation guard (runtime/costs.Payoff) as it is against its forms before 2026-12-05 21:00 (an average
+of each drafted step's own rate, weight 0.3, judged after every step; auto-step-rates) and before 21:20 (k = 0
+only at a B measured itself; auto-each-B, and auto-step-rates too), interleaved: bursts of Spec-Bench
+prompts through one batching engine per level, k="auto" under each guard, fixed k and plain decoding, the
+order rotated each round.
+
+    python experiments/guard_ab.py BUNDLE [--concurrency 4,8] [--limit 8] [--max-new-tokens 128] [--rounds 3]
+        [--k 4] [--draft model|recycle|ngram] [--backend onnxruntime]
+
+Per level: tokens per second of each whole burst (medians over rounds, each round's too), each method's ratio
+to the better of fixed k and plain, the steps the guard paused per burst, and whether every request's tokens
+are the same under all methods.
+"""
+import argparse
+import collections
+import json
+import time
+
+import numpy as np
+
+import specexport
+from specexport.bench.config import find_questions
+from specexport.runtime.costs import Payoff
+from specexport.runtime.engine import Engine
+
+
+class StepRates(Payoff):
+    """The guard before: an exponential moving average (weight 0.3) of each drafted step's tokens per row per
+    second, compared with plain after every step."""
+
+    def __init__(self):
+        super().__init__(smoothing=0.3)
+        self.avg = {}
+
+    def measured(self, B):
+        return B in self.avg
+
+    def record(self, B, T, tokens, rows, seconds, plain_s, host=0.0):
+        if B < self.MIN_ROWS:
+            return
+        run, self.last = self.last == (B, T), (B, T)
+        self.plain.setdefault(B, plain_s)
+        if T == 1 and run:
+            self._ema(self.plain, B, seconds)
+        if T == 1 and not host:
+            if self.plain_left.get(B):
+                self.plain_left[B] -= 1
+                if not self.plain_left[B]:
+                    self.avg.pop(B, None)
+            return
+        self._ema(self.avg, B, tokens / (rows * (seconds + host)))
+        if self.avg[B] < 1 / self.plain[B]:
+            self.plain_left[B] = self.pause << min(self.fails.get(B, 0), self.MAX_DOUBLINGS)
+            self.fails[B] = self.fails.get(B, 0) + 1
+        else:
+            self.fails.pop(B, None)
+
+
+def each_B(self, B):
+    """Before 2026-12-05 21:20: the choice of k at B is 0 only once B itself was measured (not a smaller B of
+    the same built batch size)."""
+    return self.payoff.measured(B)
+
+
+_spec_measured = Engine._spec_measured
+PAUSED = collections.Counter()  # steps the guard paused, by B
+_choose_T = Engine._choose_T
+
+
+def choose_T(self, B, dec, trees, paused=False):
+    PAUSED[B] += paused
+    return _choose_T(self, B, dec, trees, paused)
+
+
+Engine._choose_T = choose_T
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bundle")
+    p.add_argument("--concurrency", default="4,8")
+    p.add_argument("--limit", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--draft", default="model", choices=["recycle", "model", "ngram"])
+    p.add_argument("--backend", default="onnxruntime")
+    a = p.parse_args()
+    pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
+    qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
+    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
+    auto = {"draft": a.draft, "k": "auto"}
+    fixed = f"{a.draft}-k{a.k}"
+    methods = {"auto-step-rates": (auto, StepRates), "auto-each-B": (auto, Payoff), "auto": (auto, Payoff),
+               fixed: ({"draft": a.draft, "k": a.k}, Payoff), "plain": ({"draft": "none"}, Payoff)}
+    for level in (int(c) for c in a.concurrency.split(",")):
+        pipe.start_engine(max_batch=level, max_queue=len(prompts))
+        tps, outs, paused = collections.defaultdict(list), {}, collections.defaultdict(list)
+        for r in range(a.rounds):
+            for m in list(methods)[r % len(methods):] + list(methods)[:r % len(methods)]:
+                opts, guard = methods[m]
+                pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
+                pipe.engine.payoff, pipe.engine.chains = guard(), {}  # every burst starts afresh
+                Engine._spec_measured = each_B if m in ("auto-each-B", "auto-step-rates") else _spec_measured
+                PAUSED.clear()
+                t = time.perf_counter()
+                cs = [pipe.submit(q, max_new_tokens=a.max_new_tokens, **opts) for q in prompts]
+                toks = [c.wait(600).token_ids for c in cs]
+                tps[m].append(sum(len(x) for x in toks) / (time.perf_counter() - t))
+                outs.setdefault(m, toks)
+                paused[m].append(sum(PAUSED.values()))
+        med = {m: float(np.median(v)) for m, v in tps.items()}
+        ref = max(med[fixed], med["plain"])
+        line = "; ".join(f"{m} {med[m]:.1f} ({med[m] / ref:.3f}x the better of {fixed} and plain; rounds "
+                         f"{[round(x, 1) for x in tps[m]]}, paused steps {paused[m]})" for m in methods)
+        same = all(o == outs["plain"] for o in outs.values())
+        print(f"{a.bundle} {a.backend} c={level}: {line}; same tokens: {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
