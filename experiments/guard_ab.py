@@ -1,11 +1,13 @@
-"""The speculation guard (runtime/costs.Payoff) as it is against its forms before 2026-12-05 21:00 (an average
-of each drafted step's own rate, weight 0.3, judged after every step; auto-step-rates) and before 21:20 (k = 0
-only at a B measured itself; auto-each-B, and auto-step-rates too), interleaved: bursts of Spec-Bench
+"""k="auto" with the engine's speculation guard (runtime/costs.Payoff) and choice of k as they are against their
+forms before 2026-12-05 21:00 (an average of each drafted step's own rate, weight 0.3, judged after every step;
+auto-step-rates), before 21:20 (k = 0 only at a B measured itself; auto-each-B, and auto-step-rates too) and
+before 22:00 (the choice of k by the geometric law alone, Engine._chain_fit; every variant but auto), interleaved: bursts of Spec-Bench
 prompts through one batching engine per level, k="auto" under each guard, fixed k and plain decoding, the
 order rotated each round.
 
     python experiments/guard_ab.py BUNDLE [--concurrency 4,8] [--limit 8] [--max-new-tokens 128] [--rounds 3]
-        [--k 4] [--draft model|recycle|ngram] [--backend onnxruntime]
+        [--k 4] [--draft model|recycle|ngram] [--backend onnxruntime] [--variants step-rates,each-B,uncalibrated]
+        [--prompts spread|bench]
 
 Per level: tokens per second of each whole burst (medians over rounds, each round's too), each method's ratio
 to the better of fixed k and plain, the steps the guard paused per burst, and whether every request's tokens
@@ -19,7 +21,7 @@ import time
 import numpy as np
 
 import specexport
-from specexport.bench.config import find_questions
+from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff
 from specexport.runtime.engine import Engine
 
@@ -62,7 +64,12 @@ def each_B(self, B):
     return self.payoff.measured(B)
 
 
-_spec_measured = Engine._spec_measured
+def uncalibrated(self, kind):
+    """Before 2026-12-05 22:00: the choice of k by the geometric law at the requests' rates alone."""
+    return lambda T: 1.0
+
+
+_spec_measured, _chain_fit = Engine._spec_measured, Engine._chain_fit
 PAUSED = collections.Counter()  # steps the guard paused, by B
 _choose_T = Engine._choose_T
 
@@ -85,14 +92,22 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--draft", default="model", choices=["recycle", "model", "ngram"])
     p.add_argument("--backend", default="onnxruntime")
+    p.add_argument("--prompts", default="spread", choices=["spread", "bench"],
+                   help="every 10th Spec-Bench question, or the first --limit of the bench's 4 per category")
+    p.add_argument("--variants", default="step-rates,each-B,uncalibrated",
+                   help="the earlier forms of k=auto to run beside it (comma-separated; empty for none)")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
-    qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
+    if a.prompts == "bench":  # what `specexport bench --requests N` takes: the first N of 4 per category
+        qs = questions(find_questions(None), 4)[:a.limit]
+    else:  # every 10th question
+        qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     auto = {"draft": a.draft, "k": "auto"}
     fixed = f"{a.draft}-k{a.k}"
-    methods = {"auto-step-rates": (auto, StepRates), "auto-each-B": (auto, Payoff), "auto": (auto, Payoff),
-               fixed: ({"draft": a.draft, "k": a.k}, Payoff), "plain": ({"draft": "none"}, Payoff)}
+    old = {"step-rates": (auto, StepRates), "each-B": (auto, Payoff), "uncalibrated": (auto, Payoff)}
+    methods = {f"auto-{v}": old[v] for v in a.variants.split(",") if v}
+    methods.update({"auto": (auto, Payoff), fixed: ({"draft": a.draft, "k": a.k}, Payoff), "plain": ({"draft": "none"}, Payoff)})
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         tps, outs, paused = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -102,6 +117,7 @@ def main() -> None:
                 pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
                 pipe.engine.payoff, pipe.engine.chains = guard(), {}  # every burst starts afresh
                 Engine._spec_measured = each_B if m in ("auto-each-B", "auto-step-rates") else _spec_measured
+                Engine._chain_fit = _chain_fit if m in ("auto", fixed, "plain") else uncalibrated
                 PAUSED.clear()
                 t = time.perf_counter()
                 cs = [pipe.submit(q, max_new_tokens=a.max_new_tokens, **opts) for q in prompts]

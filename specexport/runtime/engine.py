@@ -57,6 +57,16 @@ CHAIN_DECAY = 0.95
 CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 
+# chain_fit's weight of its past steps per verified step (~50 steps' memory), and the steps it needs before use
+CHAIN_FIT_DECAY, CHAIN_FIT_STEPS = 0.98, 8
+
+
+def _emits(r: float, n: int) -> float:
+    """The tokens a step verifying a chain of n - 1 drafted tokens emits by the geometric law at per-token rate r:
+    1 + r + ... + r^(n-1)."""
+    return (1 - r ** n) / (1 - r) if r < 1 else float(n)
+
+
 def _decayed(hits: float, tries: float, a: int, missed: bool) -> tuple:
     """A chain's running sums after a verified step that accepted a drafted tokens (and tried one more, which
     missed, when `missed`), the earlier steps weighted CHAIN_DECAY."""
@@ -190,6 +200,9 @@ class Engine:
         self.pair_costs = StepCosts()
         self.payoff = Payoff()  # whether speculating still pays, per batch size >= 3 (adaptive requests only)
         self.chains: dict = {}  # chain drafter's type -> (hits, tries) over every request's verified chains
+        # (chain drafter's type, tokens verified n) -> decayed sums of the tokens those steps emitted, of what the
+        # geometric law at each request's running rate expected of them, and of the steps (chain_fit)
+        self.chain_fit: dict = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -629,7 +642,8 @@ class Engine:
         """The draft length this step for the requests drafting with the model and k="auto": the k of the built
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
         rate^k over them (rate: each one's running acceptance), per second of the target's (B, T) call plus
-        the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured, except
+        the k shared draft calls (both measured), at B >= Payoff.MIN_ROWS scaled by what such chains emitted
+        against what the law expected of them (`_chain_fit`); at least 1, so that the acceptance keeps being measured, except
         where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B or a smaller one of its class (`_spec_measured`)
         since its last pause: there 0 when
         even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
@@ -642,7 +656,10 @@ class Engine:
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
         dc = self.drafts.costs.cost(B, 1)
         rates = [s.chain_rate for s in auto]
-        gain = lambda T: sum((1 - r ** T) / (1 - r) if r < 1 else T for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
+        # the law scaled by what chains emitted where the guard acts: at 4 rows 1.02-1.07x the law alone, at 2 rows
+        # 0.98-0.99x (three interleaved runs each, experiments/guard_ab.py, 2026-12-05, `xeon-m207`)
+        fit = self._chain_fit(type(auto[0].drafter)) if B >= Payoff.MIN_ROWS else (lambda T: 1.0)
+        gain = lambda T: fit(T) * sum(_emits(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         best = max(ts, key=gain, default=2)
         if self._spec_measured(B) and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
             return 0
@@ -710,8 +727,12 @@ class Engine:
             # (a when all were accepted), and the per-token rate is hits / tries (the geometric law's estimate;
             # a / (n - 1), the share accepted, read a rate of 0.8 at k = 4 as ~0.6 and sized drafts too short)
             a = len(emitted) - 1
-            s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
             kind = type(s.drafter)
+            r = s.chain_rate  # what the geometric law made of this chain's n tokens before the step
+            if not getattr(s.drafter, "screened", False):  # chains cut at the draft's first doubt are not the law's
+                self.chain_fit[kind, n] = [CHAIN_FIT_DECAY * x + y for x, y in zip(
+                    self.chain_fit.get((kind, n), (0.0, 0.0, 0.0)), (a + 1, _emits(r, n), 1))]
+            s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
             self.chains[kind] = _decayed(*self.chains.get(kind, CHAIN_PRIOR_START), a, a < n - 1)
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
             s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
@@ -724,6 +745,18 @@ class Engine:
         st.hist[a] += 1
         st.verify_s += out.run_s
         self._emit(s, emitted)
+
+    def _chain_fit(self, kind) -> callable:
+        """T -> what a chain of T - 1 drafted tokens emitted per step over what the geometric law expected of it
+        (chain_fit; 1 until CHAIN_FIT_STEPS such steps ran). The law takes each request's running rate for every
+        depth: the int4 self-draft at 4 rows was accepted at 0.82 / 0.80 / 0.85 / 0.85 at depths 1-4 while the
+        requests' rates read 0.76 on average (their decayed sums trail), so it expected 3.1 tokens of a k = 4
+        step that emitted 3.5 and chose k = 2 on 3 of 4 steps, where k = 4 was the faster (2026-12-05,
+        `xeon-m207`)."""
+        def f(T: int) -> float:
+            emitted, expected, steps = self.chain_fit.get((kind, T), (0.0, 0.0, 0.0))
+            return emitted / expected if steps >= CHAIN_FIT_STEPS and expected > 0 else 1.0
+        return f
 
     def _chain_prior(self, s: Sequence) -> float:
         """The acceptance of s's drafter's chains over every request's verified steps (0.5 before any)."""

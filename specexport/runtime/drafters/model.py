@@ -78,6 +78,7 @@ class RowDraft:
 
     def __init__(self):
         self.props: list = []
+        self.screened = False  # this step's drafting stopped at the draft's first doubt (PoolDrafts.run, unsure)
 
     def propose(self, tokens: list[int], k: int, choose: Choose | None = None) -> Proposal:
         return Proposal(self.props[:k], [None] * min(k, len(self.props)))
@@ -131,7 +132,7 @@ class PoolDrafts:
         if self.shared:  # every row from the target's committed length; the others' writes land past it too
             pool.sync()
         for s, k in want:
-            s.drafter.props = []
+            s.drafter.props, s.drafter.screened = [], bool(unsure) and s.cfg.adaptive
             todo = s.ids[int(pool.n[s.row]):]  # never empty: the last token is fed with the drafts
             if len(todo) > self.CATCHUP:
                 spent += feed(self.model, pool.row(s.row), todo[:-1])[1]
