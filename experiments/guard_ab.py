@@ -23,6 +23,7 @@ import numpy as np
 import specexport
 from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff
+from specexport.runtime.drafters import PoolDrafts
 from specexport.runtime.engine import Engine
 
 
@@ -69,7 +70,7 @@ def uncalibrated(self, kind):
     return lambda T: 1.0
 
 
-_spec_measured, _chain_fit = Engine._spec_measured, Engine._chain_fit
+_spec_measured, _chain_fit, _confident = Engine._spec_measured, Engine._chain_fit, PoolDrafts.CONFIDENT
 PAUSED = collections.Counter()  # steps the guard paused, by B
 _choose_T = Engine._choose_T
 
@@ -95,7 +96,8 @@ def main() -> None:
     p.add_argument("--prompts", default="spread", choices=["spread", "bench"],
                    help="every 10th Spec-Bench question, or the first --limit of the bench's 4 per category")
     p.add_argument("--variants", default="step-rates,each-B,uncalibrated",
-                   help="the earlier forms of k=auto to run beside it (comma-separated; empty for none)")
+                   help="the earlier forms of k=auto to run beside it (comma-separated; empty for none), and confident-P: "
+                        "one row's drafts stop at the draft's first proposal below probability P (0.5 as it is)")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     if a.prompts == "bench":  # what `specexport bench --requests N` takes: the first N of 4 per category
@@ -106,6 +108,8 @@ def main() -> None:
     auto = {"draft": a.draft, "k": "auto"}
     fixed = f"{a.draft}-k{a.k}"
     old = {"step-rates": (auto, StepRates), "each-B": (auto, Payoff), "uncalibrated": (auto, Payoff)}
+    # confident-P: one row's drafting stops at the draft's first proposal of probability below P (0: never)
+    old.update({v: (auto, Payoff) for v in a.variants.split(",") if v.startswith("confident-")})
     methods = {f"auto-{v}": old[v] for v in a.variants.split(",") if v}
     methods.update({"auto": (auto, Payoff), fixed: ({"draft": a.draft, "k": a.k}, Payoff), "plain": ({"draft": "none"}, Payoff)})
     for level in (int(c) for c in a.concurrency.split(",")):
@@ -117,7 +121,8 @@ def main() -> None:
                 pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
                 pipe.engine.payoff, pipe.engine.chains = guard(), {}  # every burst starts afresh
                 Engine._spec_measured = each_B if m in ("auto-each-B", "auto-step-rates") else _spec_measured
-                Engine._chain_fit = _chain_fit if m in ("auto", fixed, "plain") else uncalibrated
+                Engine._chain_fit = _chain_fit if m in ("auto", fixed, "plain") or "confident-" in m else uncalibrated
+                PoolDrafts.CONFIDENT = float(m.split("confident-")[1]) if "confident-" in m else _confident
                 PAUSED.clear()
                 t = time.perf_counter()
                 cs = [pipe.submit(q, max_new_tokens=a.max_new_tokens, **opts) for q in prompts]

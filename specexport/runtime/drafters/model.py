@@ -105,8 +105,11 @@ class PoolDrafts:
     # where the engine asks (run's `unsure`), a request drafting with k="auto" stops drafting this step once the draft
     # gives its latest proposal less than this probability: on 13 Spec-Bench questions (SmolLM2, its int4
     # self-draft, teacher-forced on the target's greedy output) proposals below 0.3 agreed with the target 39% of
-    # the time, 0.3-0.5 66%, 0.5-0.9 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05)
-    CONFIDENT = 0.5
+    # the time, 0.3-0.5 66%, 0.5-0.9 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05). At
+    # 0.5 one request made 0.87x fixed k = 4 on `xeon-m207` (a further draft call, ~3.4 ms against an ~18 ms step,
+    # pays for a proposal that agrees two times in three), at 0.3 0.97x and 1.01x, never stopping 0.98x and 0.97x
+    # (0.5: 0.87x and 0.91x; two interleaved runs, experiments/guard_ab.py --variants confident-..., 2026-12-05)
+    CONFIDENT = 0.3
 
     def __init__(self, model: Backend, rows: int, target_pool: KVPool | None = None):
         self.model = model
