@@ -135,6 +135,19 @@ def test_draft_model_in_the_engine_drafts_as_solo(bundle_noisy):
     pipe.close(10)
 
 
+def priced_with_draft_spy(eng, verify_cost: float, batch_sizes) -> list:
+    """Fix the engine's cost table at `batch_sizes` (a T = 1 call 1 s, a T > 1 call `verify_cost` s, a draft call
+    0.01 s; no updates from the calls that run) and return the list that gets the decode step's B at each draft
+    model call."""
+    eng.costs.seen = {(B, T): 1.0 if T == 1 else verify_cost for B in batch_sizes for T in eng.target.profile_ts}
+    eng.drafts.costs.seen = {(B, 1): 0.01 for B in batch_sizes}
+    eng.costs.update = eng.drafts.costs.update = lambda *a: None
+    rows, runs, decode, run = {}, [], eng._decode, eng.drafts.run
+    eng._decode = lambda dec, ride=None: rows.update(B=eng.target.batch_for(max(s.row for s in dec) + 1)) or decode(dec, ride)
+    eng.drafts.run = lambda pairs, *a: runs.append(rows["B"]) or run(pairs, *a)
+    return runs
+
+
 @pytest.mark.parametrize("attention", ["fused", "portable"])
 def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
     """An int4 self-draft on the engine reads the target's pool (kv.SharedPool: no cache, prefill or catch-up
@@ -170,12 +183,7 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         eng = pipe.start_engine(max_batch=4, max_queue=8)
         eng._thread = True  # driven by hand
         eng.payoff.allows = lambda B: True
-        eng.costs.seen = {(B, T): 1.0 if T == 1 else verify_cost for B in (1, 2, 4) for T in pipe.target.profile_ts}
-        eng.drafts.costs.seen = {(B, 1): 0.01 for B in (1, 2, 4)}
-        eng.costs.update = eng.drafts.costs.update = lambda *a: None
-        rows, runs, decode, run = {}, [], eng._decode, eng.drafts.run
-        eng._decode = lambda dec, ride=None: rows.update(B=eng.target.batch_for(max(s.row for s in dec) + 1)) or decode(dec, ride)
-        eng.drafts.run = lambda pairs, *a: runs.append(rows["B"]) or run(pairs, *a)
+        runs = priced_with_draft_spy(eng, verify_cost, (1, 2, 4))
         cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in PROMPTS[:4]]
         while eng.step():
             pass
@@ -201,12 +209,7 @@ def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path):
     eng = pipe.start_engine(max_batch=4, max_queue=8)
     eng._thread = True  # driven by hand
     eng.payoff.allows = lambda B: True
-    eng.costs.seen = {(B, T): 1.0 if T == 1 else 8.0 for B in (1, 2, 3, 4) for T in pipe.target.profile_ts}
-    eng.drafts.costs.seen = {(B, 1): 0.01 for B in (1, 2, 3, 4)}
-    eng.costs.update = eng.drafts.costs.update = lambda *a: None
-    rows, runs, decode, run = {}, [], eng._decode, eng.drafts.run
-    eng._decode = lambda dec, ride=None: rows.update(B=eng.target.batch_for(max(s.row for s in dec) + 1)) or decode(dec, ride)
-    eng.drafts.run = lambda pairs, *a: runs.append(rows["B"]) or run(pairs, *a)
+    runs = priced_with_draft_spy(eng, 8.0, (1, 2, 3, 4))
     cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in prompts[:3]]
     while eng.counters["batch"].get(3, 0) < 4:
         assert eng.step()

@@ -127,8 +127,10 @@ class Payoff:
         self._ema(self.tokens, B, tokens / rows)
         self._ema(self.seconds, B, seconds + host)
         self.steps[B] = self.steps.get(B, 0) + 1
-        if self.steps[B] >= self.settle and self.rate(B) < 1 / self.plain[B]:
+        if self.steps[B] < self.settle:  # not judged yet
+            return
+        if self.rate(B) < 1 / self.plain[B]:
             self.plain_left[B] = self.pause << min(self.fails.get(B, 0), self.MAX_DOUBLINGS)
             self.fails[B] = self.fails.get(B, 0) + 1
-        elif self.steps[B] >= self.settle:
+        else:
             self.fails.pop(B, None)

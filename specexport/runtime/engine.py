@@ -729,7 +729,9 @@ class Engine:
             a = len(emitted) - 1
             kind = type(s.drafter)
             r = s.chain_rate  # what the geometric law made of this chain's n tokens before the step
-            if not getattr(s.drafter, "screened", False):  # chains cut at the draft's first doubt are not the law's
+            # chains drafted under the doubt rule (cut at the draft's first doubt, or kept for passing it) are
+            # not the law's: their acceptance is not the request's rate at every depth
+            if not getattr(s.drafter, "screened", False):
                 self.chain_fit[kind, n] = [CHAIN_FIT_DECAY * x + y for x, y in zip(
                     self.chain_fit.get((kind, n), (0.0, 0.0, 0.0)), (a + 1, _emits(r, n), 1))]
             s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
@@ -748,7 +750,7 @@ class Engine:
 
     def _chain_fit(self, kind) -> callable:
         """T -> what a chain of T - 1 drafted tokens emitted per step over what the geometric law expected of it
-        (chain_fit; 1 until CHAIN_FIT_STEPS such steps ran). The law takes each request's running rate for every
+        (chain_fit; 1 until CHAIN_FIT_STEPS such steps ran; chains drafted under the doubt rule left out). The law takes each request's running rate for every
         depth: the int4 self-draft at 4 rows was accepted at 0.82 / 0.80 / 0.85 / 0.85 at depths 1-4 while the
         requests' rates read 0.76 on average (their decayed sums trail), so it expected 3.1 tokens of a k = 4
         step that emitted 3.5 and chose k = 2 on 3 of 4 steps, where k = 4 was the faster (2026-12-05,

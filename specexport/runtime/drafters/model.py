@@ -78,7 +78,7 @@ class RowDraft:
 
     def __init__(self):
         self.props: list = []
-        self.screened = False  # this step's drafting stopped at the draft's first doubt (PoolDrafts.run, unsure)
+        self.screened = False  # this step's drafts were made under the doubt rule (PoolDrafts.run's unsure > 0)
 
     def propose(self, tokens: list[int], k: int, choose: Choose | None = None) -> Proposal:
         return Proposal(self.props[:k], [None] * min(k, len(self.props)))
@@ -106,9 +106,9 @@ class PoolDrafts:
     # gives its latest proposal less than this probability: on 13 Spec-Bench questions (SmolLM2, its int4
     # self-draft, teacher-forced on the target's greedy output) proposals below 0.3 agreed with the target 39% of
     # the time, 0.3-0.5 66%, 0.5-0.9 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05). At
-    # 0.5 one request made 0.87x fixed k = 4 on `xeon-m207` (a further draft call, ~3.4 ms against an ~18 ms step,
-    # pays for a proposal that agrees two times in three), at 0.3 0.97x and 1.01x, never stopping 0.98x and 0.97x
-    # (0.5: 0.87x and 0.91x; two interleaved runs, experiments/guard_ab.py --variants confident-..., 2026-12-05)
+    # 0.5 one request made 0.87x / 0.91x fixed k = 4 on `xeon-m207`, at 0.3 0.97x / 1.01x, never stopping 0.98x /
+    # 0.97x (two interleaved runs, experiments/guard_ab.py --variants confident-..., 2026-12-05): a further draft
+    # call, ~3.4 ms against an ~18 ms step, pays for a proposal that agrees two times in three
     CONFIDENT = 0.3
 
     def __init__(self, model: Backend, rows: int, target_pool: KVPool | None = None):
