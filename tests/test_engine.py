@@ -655,7 +655,7 @@ def test_payoff_pauses_speculation_that_delivers_less_than_plain():
     assert p.plain[8] == pytest.approx(0.100)
     p.record(8, 9, 8, 8, 0.200, plain_s=0.100)  # a step that accepted nothing (5 per second) does not pause it
     assert p.allows(8)
-    assert behind(p, 20) == 7  # the averages fall below 10 per second
+    assert behind(p, 20) == 8  # the averages fall below Payoff.MARGIN (0.95) of 10 per second
     assert not p.allows(8) and p.allows(4)
     for _ in range(3):
         p.record(8, 1, 8, 8, 0.100, plain_s=0.100)
@@ -688,6 +688,10 @@ def test_payoff_counts_the_drafting_of_steps_that_chose_plain():
     for _ in range(4):
         ok.record(8, 5, 16, 8, 0.100, plain_s=0.100, host=0.010)
     assert ok.allows(8)
+    level = Payoff(pause=3, settle=4)  # 0.97x plain: within the margin that plain's older price may be off by
+    for _ in range(8):
+        level.record(8, 1, 8, 8, 0.100, plain_s=0.100, host=0.003)
+    assert level.allows(8) and level.rate(8) < 1 / level.plain[8]
 
 
 def test_paused_engine_decodes_plain_and_the_same_tokens(bundles, monkeypatch):
@@ -749,6 +753,34 @@ def test_a_chain_priced_out_is_tried_again(bundles, monkeypatch):
         g = c.wait(1)
         assert g.token_ids == want
         assert (g.stats.proposed > 0) == speculates, (pull, g.stats)
+
+
+def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
+    """k="auto" with the draft model where the guard acts (>= 3 rows): requests whose running rates price every
+    k out (k = 0, no drafts) drift towards their drafter's pooled acceptance at every such step, as a chain
+    offered and not verified does, so they draft again later; without the pull their rates stay frozen and
+    they never draft at 3-4 rows. The tokens are the solo ones either way."""
+    from specexport.runtime import engine as E
+    from specexport.runtime.drafters import RowDraft
+
+    pipe = specexport.load(bundle_portable)
+    prompts = PROMPTS[:4]
+    want = [solo(pipe, p, max_new_tokens=24) for p in prompts]
+    for pull, drafts in ((0.0, False), (E.CHAIN_PRIOR_PULL, True)):
+        monkeypatch.setattr(E, "CHAIN_PRIOR_PULL", pull)
+        eng = pipe.start_engine(max_batch=4, max_queue=8)
+        eng._thread = True  # driven by hand
+        eng.payoff.allows = eng.payoff.measured = lambda B: True  # the guard has measured, never pauses
+        runs = priced_with_draft_spy(eng, 1.3, (1, 2, 3, 4))  # a verify call 1.3x a plain one, drafts ~free
+        eng.chains[RowDraft] = (0.1, 1.0)  # admitted at rate 0.1: 1 + 0.1 tokens for 1.3x the cost, k = 0
+        cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in prompts]
+        eng.step()
+        eng.chains[RowDraft] = (0.9, 1.0)  # the pooled acceptance they drift to
+        while eng.step():
+            pass
+        assert [c.wait(1).token_ids for c in cs] == want
+        assert any(B >= 3 for B in runs) == drafts, (pull, runs)
+    pipe.close(10)
 
 
 def test_a_request_starts_from_its_drafters_acceptance(bundles):

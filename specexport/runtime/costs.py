@@ -74,6 +74,11 @@ class Payoff:
     MIN_ROWS = 3  # the smallest batch size guarded
 
     MAX_DOUBLINGS = 4  # a pause grows to at most pause * 2 ** 4 steps
+    # speculation pauses only below this share of plain's rate: plain's price is the warm-up's cheaper call or an
+    # average from the last run of plain steps, speculation's is from the latest steps, and this machine's speed
+    # drifts between them; at 4 rows the guard paused on 1.00x its (4, 1) warm-up price of 18.1 ms, and the
+    # paused (4, 1) calls then took 19.5 ms (speculation had been 1.08x them) (2026-12-05, `xeon-m207`)
+    MARGIN = 0.95
 
     def __init__(self, smoothing: float = 0.1, pause: int = 32, settle: int = 8):
         self.smoothing, self.pause, self.settle = smoothing, pause, settle
@@ -129,7 +134,7 @@ class Payoff:
         self.steps[B] = self.steps.get(B, 0) + 1
         if self.steps[B] < self.settle:  # not judged yet
             return
-        if self.rate(B) < 1 / self.plain[B]:
+        if self.rate(B) < self.MARGIN / self.plain[B]:
             self.plain_left[B] = self.pause << min(self.fails.get(B, 0), self.MAX_DOUBLINGS)
             self.fails[B] = self.fails.get(B, 0) + 1
         else:

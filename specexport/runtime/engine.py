@@ -59,6 +59,17 @@ CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 # chain_fit's weight of its past steps per verified step (~50 steps' memory), and the steps it needs before use
 CHAIN_FIT_DECAY, CHAIN_FIT_STEPS = 0.98, 8
+WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_cost`)
+
+
+def _warm_cost(call) -> float:
+    """Seconds of a call shape for the cost table before any request ran it: the cheapest of WARM_CALLS calls
+    after the first (which pays for the shape's buffers). A shape is priced again only when a step chooses it,
+    so one priced too high is never tried: from one call, the (4, 3) verify of SmolLM2 measured 32 ms at one
+    warm-up and 24 ms at another, and the one where it cost 32 never chose T = 3 (2026-12-05, `xeon-m207`); noise on a
+    shared machine only adds time."""
+    call()
+    return min(call().run_s for _ in range(WARM_CALLS))
 
 
 def _emits(r: float, n: int) -> float:
@@ -268,9 +279,9 @@ class Engine:
         """Run each call shape the loop makes before any request does -> seconds spent. A backend's first call
         of a shape pays for its buffers (onnxruntime grows its arena; in a VM the host maps fresh pages): up to
         ~1 s per shape for SmolLM2 on 2 cores, which would otherwise land on the first requests' time to first
-        token and stall everyone decoding (docs/benchmarks.md). Decode and verify shapes run twice and the
-        second call seeds the cost table the choice of T reads. The calls use free rows at n = 0 and commit
-        nothing (a fused call writes only free slots). Where the target runs any T (`any_t`), prompts' unpadded
+        token and stall everyone decoding (docs/benchmarks.md). Decode and verify shapes run three times and the
+        cheaper of their second and third calls seeds the cost table the choice of T reads (`_warm_cost`). The
+        calls use free rows at n = 0 and commit nothing (a fused call writes only free slots). Where the target runs any T (`any_t`), prompts' unpadded
         remainders make other shapes, each smaller than the largest warmed one: their first calls cost what
         their second do (2026-12-05, `epyc-zen4`: 220 tokens at 1,280 cached 390 against 380 ms)."""
         t0, tgt, pool = time.perf_counter(), self.target, self.pool
@@ -279,9 +290,8 @@ class Engine:
         for B in self.batch_sizes:
             pos = np.broadcast_to(np.arange(max(tgt.profile_ts)), (B, max(tgt.profile_ts)))
             for T in [t for t in tgt.batch_ts(B) if t in steps]:
-                for _ in range(2):
-                    out = tgt.step_batch(pool, np.zeros((B, T), dtype=np.int64), pos[:, :T].copy())
-                self.costs.update(B, T, out.run_s)
+                self.costs.update(B, T, _warm_cost(lambda: tgt.step_batch(pool, np.zeros((B, T), dtype=np.int64),
+                                                                          pos[:, :T].copy())))
             if B > 1 and chunk > 1:  # first prefill chunks of neighbouring rows (`_prefill_batch`)
                 tgt.step_batch(pool, np.zeros((B, chunk), dtype=np.int64), pos[:, :chunk].copy(), rows=[0])
         row = pool.row(pool.free[0])
@@ -291,9 +301,8 @@ class Engine:
         if self.drafts is not None:  # the draft's B-row calls (T = 1) and its catch-up chunks
             d, dpool = self.drafts.model, self.drafts.pool
             for B in self.batch_sizes:
-                for _ in range(2):
-                    out = d.step_batch(dpool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64))
-                self.drafts.costs.update(B, 1, out.run_s)
+                self.drafts.costs.update(B, 1, _warm_cost(lambda: d.step_batch(
+                    dpool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64))))
             for T in sorted(set(d.entry.profiles.values())):
                 d.step(dpool.row(0), [0] * T, 0, rows=[T - 1])
         if self.groups:  # mixed calls: decode rows + a prefill chunk (`_decode`), requests verifying apart
@@ -306,10 +315,9 @@ class Engine:
             apart = max(tgt.batch_ts(self.batch_sizes[-1])) == 1
             for m in range(2, min(self.groups + 1, last + 1) + 1) if apart else ():
                 for T in [t for t in tgt.batch_ts(1) if t in steps and t > 1]:
-                    for _ in range(2):
-                        _, gs = tgt.step_mixed(pool, np.zeros((1, T), dtype=np.int64), pos[:1, :T].copy(), None,
-                                               [(j, [0] * T, np.arange(T), None, None) for j in range(1, m)])
-                    self.pair_costs.update(m, T, gs[0].run_s)
+                    self.pair_costs.update(m, T, _warm_cost(lambda: tgt.step_mixed(
+                        pool, np.zeros((1, T), dtype=np.int64), pos[:1, :T].copy(), None,
+                        [(j, [0] * T, np.arange(T), None, None) for j in range(1, m)])[1][0]))
         return time.perf_counter() - t0
 
     # ---- the loop
@@ -628,6 +636,10 @@ class Engine:
         if not want or not verifies:
             return
         auto = self._model_k([s for s in want if s.cfg.adaptive], B)
+        if not auto:  # priced out: as a chain offered and not verified would (CHAIN_PRIOR_PULL), their rates drift
+            for s in want:  # to the drafter's pooled acceptance, so they are tried again, not frozen at k = 0
+                if s.cfg.adaptive:
+                    s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
         if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops at its first doubt
             cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
             auto = max([auto] + [k for k in self.target.entry.verify_ks() if k <= cap])
