@@ -66,8 +66,8 @@ def _warm_cost(call) -> float:
     """Seconds of a call shape for the cost table before any request ran it: the cheapest of WARM_CALLS calls
     after the first (which pays for the shape's buffers). A shape is priced again only when a step chooses it,
     so one priced too high is never tried: from one call, the (4, 3) verify of SmolLM2 measured 32 ms at one
-    warm-up and 24 ms at another, and the one where it cost 32 never chose T = 3 (2026-12-05, `xeon-m207`); noise on a
-    shared machine only adds time."""
+    warm-up and 24 ms at another, and the one where it cost 32 never chose T = 3 (2026-12-05, `xeon-m207`);
+    noise on a shared machine only adds time."""
     call()
     return min(call().run_s for _ in range(WARM_CALLS))
 
@@ -281,9 +281,10 @@ class Engine:
         ~1 s per shape for SmolLM2 on 2 cores, which would otherwise land on the first requests' time to first
         token and stall everyone decoding (docs/benchmarks.md). Decode and verify shapes run three times and the
         cheaper of their second and third calls seeds the cost table the choice of T reads (`_warm_cost`). The
-        calls use free rows at n = 0 and commit nothing (a fused call writes only free slots). Where the target runs any T (`any_t`), prompts' unpadded
-        remainders make other shapes, each smaller than the largest warmed one: their first calls cost what
-        their second do (2026-12-05, `epyc-zen4`: 220 tokens at 1,280 cached 390 against 380 ms)."""
+        calls use free rows at n = 0 and commit nothing (a fused call writes only free slots). Where the target
+        runs any T (`any_t`), prompts' unpadded remainders make other shapes, each smaller than the largest
+        warmed one: their first calls cost what their second do (2026-12-05, `epyc-zen4`: 220 tokens at 1,280
+        cached 390 against 380 ms)."""
         t0, tgt, pool = time.perf_counter(), self.target, self.pool
         chunk = tgt.entry.profiles.get("prefill", 1)
         steps = {t for name, t in tgt.entry.profiles.items() if not name.startswith("prefill")}
