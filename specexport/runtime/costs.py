@@ -56,7 +56,7 @@ class Payoff:
     bf16 SmolLM2, against a 55 ms call: a speculating step pays it going to T and coming back, and the cost
     table then prices both T = 1 and T > 1 with it), speculation delivered 0.5-0.8x plain decoding through the
     engine (docs/benchmarks.md "The batching engine on OpenVINO bfloat16"). Once `settle` steps drafted and the
-    average is below plain, that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average; a
+    average is below MARGIN (0.95) of plain, that batch size decodes plain for `pause` steps, then speculation is tried again from a fresh average; a
     retry that falls behind again doubles the next pause (up to 16x), one that keeps up resets it. A step's
     acceptance swings between all and nothing (the int4 self-draft at 4 rows, k = 4: 19% of the rows accepted
     none, 45% all four), so an average of each step's own rate (weight 0.3), judged after every step, paused 4
