@@ -14,6 +14,12 @@ import numpy as np
 ROW = 0.05  # prior cost of one more row, relative to a one-row call
 
 
+def chain_tokens(r: float, n: int) -> float:
+    """The tokens a step verifying a chain of n - 1 drafted tokens emits by the geometric law at per-token rate r:
+    1 + r + ... + r^(n-1) (the solo KPolicy and the engine's choice of k both price drafts by it)."""
+    return (1 - r ** n) / (1 - r) if r < 1 else float(n)
+
+
 class StepCosts:
     def __init__(self, smoothing: float = 0.2):
         self.smoothing = smoothing

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from .accept import Picker, accept, accept_tree, check_finite
-from .costs import ROW, StepCosts
+from .costs import ROW, StepCosts, chain_tokens
 from .drafters import NgramDrafter, TreeDrafter
 from .prefill import feed
 from .sampling import SamplingParams
@@ -106,7 +106,7 @@ class KPolicy:
         a = min(self.acc / self.tries, 0.999)
         best, rate = (0, 1.0 / self.costs.cost(1, 1)) if self.allow_plain else (self.ks[0], 0.0)
         for k in self.ks:
-            r = (1 - a ** (k + 1)) / (1 - a) / (k * self.draft_cost + self.costs.cost(1, self.verify_ts[k]))
+            r = chain_tokens(a, k + 1) / (k * self.draft_cost + self.costs.cost(1, self.verify_ts[k]))
             if r > rate:
                 best, rate = k, r
         self.plain_run = self.plain_run + 1 if best == 0 else 0

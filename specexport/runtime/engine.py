@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import EngineClosed, OptionError, QueueFull
-from .costs import Payoff, StepCosts
+from .costs import Payoff, StepCosts, chain_tokens
 from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
@@ -70,12 +70,6 @@ def _warm_cost(call) -> float:
     noise on a shared machine only adds time."""
     call()
     return min(call().run_s for _ in range(WARM_CALLS))
-
-
-def _emits(r: float, n: int) -> float:
-    """The tokens a step verifying a chain of n - 1 drafted tokens emits by the geometric law at per-token rate r:
-    1 + r + ... + r^(n-1)."""
-    return (1 - r ** n) / (1 - r) if r < 1 else float(n)
 
 
 def _decayed(hits: float, tries: float, a: int, missed: bool) -> tuple:
@@ -640,7 +634,7 @@ class Engine:
         if not auto:  # priced out: as a chain offered and not verified would (CHAIN_PRIOR_PULL), their rates drift
             for s in want:  # to the drafter's pooled acceptance, so they are tried again, not frozen at k = 0
                 if s.cfg.adaptive:
-                    s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
+                    self._pull_to_prior(s)
         if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops at its first doubt
             cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
             auto = max([auto] + [k for k in self.target.entry.verify_ks() if k <= cap])
@@ -672,7 +666,7 @@ class Engine:
         # the law scaled by what chains emitted where the guard acts: at 4 rows 1.02-1.07x the law alone, at 2 rows
         # 0.98-0.99x (three interleaved runs each, experiments/guard_ab.py, 2026-12-05, `xeon-m207`)
         fit = self._chain_fit(type(auto[0].drafter)) if B >= Payoff.MIN_ROWS else (lambda T: 1.0)
-        gain = lambda T: fit(T) * sum(_emits(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
+        gain = lambda T: fit(T) * sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         best = max(ts, key=gain, default=2)
         if self._spec_measured(B) and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
             return 0
@@ -746,11 +740,11 @@ class Engine:
             # not the law's: their acceptance is not the request's rate at every depth
             if not getattr(s.drafter, "screened", False):
                 self.chain_fit[kind, n] = [CHAIN_FIT_DECAY * x + y for x, y in zip(
-                    self.chain_fit.get((kind, n), (0.0, 0.0, 0.0)), (a + 1, _emits(r, n), 1))]
+                    self.chain_fit.get((kind, n), (0.0, 0.0, 0.0)), (a + 1, chain_tokens(r, n), 1))]
             s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
             self.chains[kind] = _decayed(*self.chains.get(kind, CHAIN_PRIOR_START), a, a < n - 1)
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
-            s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
+            self._pull_to_prior(s)
         a = len(emitted) - 1
         st.steps += 1
         st.proposed += n - 1
@@ -772,6 +766,11 @@ class Engine:
             emitted, expected, steps = self.chain_fit.get((kind, T), (0.0, 0.0, 0.0))
             return emitted / expected if steps >= CHAIN_FIT_STEPS and expected > 0 else 1.0
         return f
+
+    def _pull_to_prior(self, s: Sequence) -> None:
+        """A step where s's chain was not verified: its running rate moves CHAIN_PRIOR_PULL of the way to the
+        drafter's pooled acceptance (its tries unchanged)."""
+        s.chain_hits += CHAIN_PRIOR_PULL * (self._chain_prior(s) * s.chain_tries - s.chain_hits)
 
     def _chain_prior(self, s: Sequence) -> float:
         """The acceptance of s's drafter's chains over every request's verified steps (0.5 before any)."""
