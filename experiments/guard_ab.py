@@ -1,7 +1,7 @@
 """k="auto" with the engine's speculation guard (runtime/costs.Payoff) and choice of k as they are against their
 forms before 2026-12-05 21:00 (an average of each drafted step's own rate, weight 0.3, judged after every step;
 auto-step-rates), before 21:20 (k = 0 only at a B measured itself; auto-each-B, and auto-step-rates too) and
-before 22:00 (the choice of k by the geometric law alone, Engine._chain_fit; every variant but auto), interleaved: bursts of Spec-Bench
+before 22:00 (the choice of k by the geometric law alone: no Engine._rate_offset, then a per-length scale; every variant but auto), interleaved: bursts of Spec-Bench
 prompts through one batching engine per level, k="auto" under each guard, fixed k and plain decoding, the
 order rotated each round.
 
@@ -67,10 +67,10 @@ def each_B(self, B):
 
 def uncalibrated(self, kind):
     """Before 2026-12-05 22:00: the choice of k by the geometric law at the requests' rates alone."""
-    return lambda T: 1.0
+    return 0.0
 
 
-_spec_measured, _chain_fit, _confident = Engine._spec_measured, Engine._chain_fit, PoolDrafts.CONFIDENT
+_spec_measured, _rate_offset, _confident = Engine._spec_measured, Engine._rate_offset, PoolDrafts.CONFIDENT
 PAUSED = collections.Counter()  # steps the guard paused, by B
 _choose_T = Engine._choose_T
 
@@ -121,7 +121,7 @@ def main() -> None:
                 pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
                 pipe.engine.payoff, pipe.engine.chains = guard(), {}  # every burst starts afresh
                 Engine._spec_measured = each_B if m in ("auto-each-B", "auto-step-rates") else _spec_measured
-                Engine._chain_fit = _chain_fit if m in ("auto", fixed, "plain") or "confident-" in m else uncalibrated
+                Engine._rate_offset = _rate_offset if m in ("auto", fixed, "plain") or "confident-" in m else uncalibrated
                 PoolDrafts.CONFIDENT = float(m.split("confident-")[1]) if "confident-" in m else _confident
                 PAUSED.clear()
                 t = time.perf_counter()

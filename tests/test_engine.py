@@ -222,39 +222,41 @@ def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path):
     pipe.close(10)
 
 
-def test_chain_fit_counts_what_chains_emitted_against_the_geometric_law(bundle_portable, monkeypatch):
-    """Engine.chain_fit: per chain length n, the tokens the verified chains of n - 1 drafted tokens emitted, what
-    the geometric law at each request's running rate expected of them, and how many ran (undecayed here, so the
-    sums are the requests' own stats); the choice of k scales the law by emitted / expected once 8 ran, and
-    leaves a length that ran fewer as the law says. Tokens are the solo ones."""
+def test_rate_fit_counts_what_chains_emitted_against_the_geometric_law(bundle_portable, monkeypatch):
+    """Engine.rate_fit: per chain drafter, the tokens its verified chains emitted, what the geometric law at each
+    request's running rate expected of them, the law's slope there and how many ran (undecayed here, so the sums
+    are the requests' own stats); the offset it gives the rates is (emitted - expected) / slope once
+    RATE_FIT_STEPS ran, 0 before. Tokens are the solo ones."""
     from specexport.runtime import engine as E
     from specexport.runtime.drafters import RowDraft
 
-    monkeypatch.setattr(E, "CHAIN_FIT_DECAY", 1.0)
+    monkeypatch.setattr(E, "RATE_FIT_DECAY", 1.0)
     pipe = specexport.load(bundle_portable)
     prompts = PROMPTS[:4]
     want = [solo(pipe, p, max_new_tokens=24) for p in prompts]
     eng = pipe.start_engine(max_batch=4, max_queue=8)
     got = [c.wait(60) for c in [pipe.submit(p, max_new_tokens=24, draft="model", k=4) for p in prompts]]
     assert [g.token_ids for g in got] == want
-    fit = {n: v for (kind, n), v in eng.chain_fit.items() if kind is RowDraft}
-    assert fit and sum((n - 1) * steps for n, (_, _, steps) in fit.items()) == sum(g.stats.proposed for g in got)
-    assert sum(emitted for emitted, _, _ in fit.values()) == sum(g.stats.accepted for g in got) + sum(
-        steps for _, _, steps in fit.values())
-    f = eng._chain_fit(RowDraft)
-    for n, (emitted, expected, steps) in fit.items():
-        assert steps <= expected <= n * steps
-        assert f(n) == (pytest.approx(emitted / expected) if steps >= E.CHAIN_FIT_STEPS else 1.0)
-    assert f(99) == 1.0
+    emitted, expected, slope, steps = eng.rate_fit[RowDraft]
+    proposed = sum(g.stats.proposed for g in got)
+    assert proposed / 4 <= steps <= proposed  # every verified chain: 1 to 4 drafted tokens
+    assert emitted == sum(g.stats.accepted for g in got) + steps
+    assert steps <= expected <= 5 * steps and slope > 0
+    assert steps >= E.RATE_FIT_STEPS
+    off = eng._rate_offset(RowDraft)
+    assert off == pytest.approx(min(max((emitted - expected) / slope, -E.RATE_FIT_MAX), E.RATE_FIT_MAX))
+    eng.rate_fit[RowDraft][3] = E.RATE_FIT_STEPS - 1  # too few chains yet: no offset
+    assert eng._rate_offset(RowDraft) == 0.0
     pipe.close(10)
 
 
-def test_choice_of_k_scales_the_law_where_the_guard_acts(bundle_portable):
+def test_choice_of_k_takes_the_rates_with_their_offset(bundle_portable):
     """k="auto" with the draft model: the k whose expected tokens per second of call and drafting is the most, the
-    expectation the geometric law's at each request's rate, scaled by chain_fit's emitted / expected at B >= 3
-    (Payoff.MIN_ROWS) only. With every extra row priced at a whole call the law alone takes the shortest chain;
-    where chains of the longest length emitted 3x what the law said, 4 rows take it, 2 rows still do not."""
+    expectation the geometric law's at each request's running rate plus the drafter's offset (rate_fit). With
+    each call priced at what the law expects at rate 0.8, rates of 0.75 take the shortest chain; the same rates
+    with an offset of +0.1 the longest, at 4 rows and at 2."""
     from specexport.runtime import engine as E
+    from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft
 
     pipe = specexport.load(bundle_portable)
@@ -269,12 +271,13 @@ def test_choice_of_k_scales_the_law_where_the_guard_acts(bundle_portable):
     ts = sorted(t for name, t in eng.target.entry.profiles.items()
                 if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
     assert len(ts) >= 2, ts
-    eng.costs.seen = {(B, T): float(T) for B in (1, 2, 3, 4) for T in [1] + ts}
+    eng.costs.seen = {(B, T): chain_tokens(0.8, T) for B in (1, 2, 3, 4) for T in [1] + ts}
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
     assert eng._model_k(auto, 4) == eng._model_k(auto, 2) == ts[0] - 1
-    eng.chain_fit[RowDraft, ts[-1]] = [3.0 * E.CHAIN_FIT_STEPS, 1.0 * E.CHAIN_FIT_STEPS, E.CHAIN_FIT_STEPS]
-    assert eng._model_k(auto, 4) == ts[-1] - 1 and eng._model_k(auto, 2) == ts[0] - 1
-    eng.chain_fit[RowDraft, ts[-1]][2] = E.CHAIN_FIT_STEPS - 1  # too few such steps yet: the law alone
+    eng.rate_fit[RowDraft] = [11.0, 10.0, 10.0, E.RATE_FIT_STEPS]  # offset (11 - 10) / 10
+    assert eng._rate_offset(RowDraft) == pytest.approx(0.1)
+    assert eng._model_k(auto, 4) == eng._model_k(auto, 2) == ts[-1] - 1
+    eng.rate_fit[RowDraft][3] = E.RATE_FIT_STEPS - 1  # too few chains yet: the rates alone
     assert eng._model_k(auto, 4) == ts[0] - 1
     for c in cs:
         c.cancel()

@@ -290,3 +290,15 @@ def test_option_literals_have_one_home():
         DecodeConfig(draft="tree")
     with pytest.raises(ValueError, match="sampler must be one of gumbel, rejection"):
         SamplingParams(sampler="typical")
+
+
+@pytest.mark.parametrize("r", [0.0, 0.3, 0.8, 0.99])
+@pytest.mark.parametrize("n", [1, 2, 5, 9])
+def test_chain_law_and_its_slope(r, n):
+    """chain_tokens is 1 + r + ... + r^(n-1); chain_slope its derivative in r (central difference)."""
+    from specexport.runtime.costs import chain_slope, chain_tokens
+
+    assert chain_tokens(r, n) == pytest.approx(sum(r ** j for j in range(n)))
+    h = 1e-6
+    want = (chain_tokens(r + h, n) - chain_tokens(max(r - h, 0.0), n)) / (r + h - max(r - h, 0.0))
+    assert chain_slope(r, n) == pytest.approx(want, rel=1e-4, abs=1e-6)

@@ -20,6 +20,11 @@ def chain_tokens(r: float, n: int) -> float:
     return (1 - r ** n) / (1 - r) if r < 1 else float(n)
 
 
+def chain_slope(r: float, n: int) -> float:
+    """d chain_tokens(r, n) / dr: 1 + 2r + ... + (n-1) r^(n-2)."""
+    return sum(j * r ** (j - 1) for j in range(1, n))
+
+
 class StepCosts:
     def __init__(self, smoothing: float = 0.2):
         self.smoothing = smoothing

@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import EngineClosed, OptionError, QueueFull
-from .costs import Payoff, StepCosts, chain_tokens
+from .costs import Payoff, StepCosts, chain_slope, chain_tokens
 from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
@@ -57,8 +57,9 @@ CHAIN_DECAY = 0.95
 CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 
-# chain_fit's weight of its past steps per verified step (~50 steps' memory), and the steps it needs before use
-CHAIN_FIT_DECAY, CHAIN_FIT_STEPS = 0.98, 8
+# the rate fit's weight of its past steps per verified step (~50 steps' memory), and the steps it needs before use
+RATE_FIT_DECAY, RATE_FIT_STEPS = 0.98, 8
+RATE_FIT_MAX = 0.15  # the largest offset the rate fit applies, either way
 WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_cost`)
 
 
@@ -205,9 +206,9 @@ class Engine:
         self.pair_costs = StepCosts()
         self.payoff = Payoff()  # whether speculating still pays, per batch size >= 3 (adaptive requests only)
         self.chains: dict = {}  # chain drafter's type -> (hits, tries) over every request's verified chains
-        # (chain drafter's type, tokens verified n) -> decayed sums of the tokens those steps emitted, of what the
-        # geometric law at each request's running rate expected of them, and of the steps (chain_fit)
-        self.chain_fit: dict = {}
+        # chain drafter's type -> decayed sums over its verified chains of the tokens they emitted, of what the
+        # geometric law at each request's running rate expected of them, of the law's slope there, and the steps
+        self.rate_fit: dict = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -648,9 +649,8 @@ class Engine:
     def _model_k(self, auto: list[Sequence], B: int) -> int:
         """The draft length this step for the requests drafting with the model and k="auto": the k of the built
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
-        rate^k over them (rate: each one's running acceptance), per second of the target's (B, T) call plus
-        the k shared draft calls (both measured), at B >= Payoff.MIN_ROWS scaled by what such chains emitted
-        against what the law expected of them (`_chain_fit`); at least 1, so that the acceptance keeps being measured, except
+        rate^k over them (rate: each one's running acceptance plus the drafter's `_rate_offset`), per second of
+        the target's (B, T) call plus the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured, except
         where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B or a smaller one of its class (`_spec_measured`)
         since its last pause: there 0 when
         even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
@@ -662,11 +662,9 @@ class Engine:
         ts = sorted(t for name, t in self.target.entry.profiles.items()
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
         dc = self.drafts.costs.cost(B, 1)
-        rates = [s.chain_rate for s in auto]
-        # the law scaled by what chains emitted where the guard acts: at 4 rows 1.02-1.07x the law alone, at 2 rows
-        # 0.98-0.99x (three interleaved runs each, experiments/guard_ab.py, 2026-12-05, `xeon-m207`)
-        fit = self._chain_fit(type(auto[0].drafter)) if B >= Payoff.MIN_ROWS else (lambda T: 1.0)
-        gain = lambda T: fit(T) * sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
+        off = self._rate_offset(type(auto[0].drafter))
+        rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
+        gain = lambda T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         best = max(ts, key=gain, default=2)
         if self._spec_measured(B) and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
             return 0
@@ -739,8 +737,8 @@ class Engine:
             # chains drafted under the doubt rule (cut at the draft's first doubt, or kept for passing it) are
             # not the law's: their acceptance is not the request's rate at every depth
             if not getattr(s.drafter, "screened", False):
-                self.chain_fit[kind, n] = [CHAIN_FIT_DECAY * x + y for x, y in zip(
-                    self.chain_fit.get((kind, n), (0.0, 0.0, 0.0)), (a + 1, chain_tokens(r, n), 1))]
+                self.rate_fit[kind] = [RATE_FIT_DECAY * x + y for x, y in zip(
+                    self.rate_fit.get(kind, (0.0, 0.0, 0.0, 0.0)), (a + 1, chain_tokens(r, n), chain_slope(r, n), 1))]
             s.chain_hits, s.chain_tries = _decayed(s.chain_hits, s.chain_tries, a, a < n - 1)
             self.chains[kind] = _decayed(*self.chains.get(kind, CHAIN_PRIOR_START), a, a < n - 1)
         elif s.drafter is not None and len(tree) > 1 and s.cfg.adaptive:
@@ -755,17 +753,20 @@ class Engine:
         st.verify_s += out.run_s
         self._emit(s, emitted)
 
-    def _chain_fit(self, kind) -> callable:
-        """T -> what a chain of T - 1 drafted tokens emitted per step over what the geometric law expected of it
-        (chain_fit; 1 until CHAIN_FIT_STEPS such steps ran; chains drafted under the doubt rule left out). The law takes each request's running rate for every
-        depth: the int4 self-draft at 4 rows was accepted at 0.82 / 0.80 / 0.85 / 0.85 at depths 1-4 while the
-        requests' rates read 0.76 on average (their decayed sums trail), so it expected 3.1 tokens of a k = 4
-        step that emitted 3.5 and chose k = 2 on 3 of 4 steps, where k = 4 was the faster (2026-12-05,
-        `xeon-m207`)."""
-        def f(T: int) -> float:
-            emitted, expected, steps = self.chain_fit.get((kind, T), (0.0, 0.0, 0.0))
-            return emitted / expected if steps >= CHAIN_FIT_STEPS and expected > 0 else 1.0
-        return f
+    def _rate_offset(self, kind) -> float:
+        """What to add to the running rates of kind's requests so that the geometric law expects what their
+        verified chains emitted: (emitted - expected) / the law's slope, summed over those chains (one Newton
+        step from 0; rate_fit), within +-RATE_FIT_MAX; 0 until RATE_FIT_STEPS such chains ran (chains drafted
+        under the doubt rule left out). The running rates trail the acceptance by ~0.03: replayed on fixed-k
+        bursts of the int4 self-draft at 4 rows, the law at each request's rate expected 3.2% / 5.8% / 11% fewer
+        tokens than chains of 2 / 4 / 8 drafted tokens emitted, and at the rate + 0.03 within 1% at every
+        length (per-depth acceptance was flat, 0.80-0.85; 2026-12-06, `xeon-m207`). One offset for every
+        length: a scale per chain length (the earlier chain_fit) learned only the lengths chosen, and left the
+        longer ones at the law's underestimate, so at 4 rows k = 2 was chosen where k = 4 was faster."""
+        emitted, expected, slope, steps = self.rate_fit.get(kind, (0.0, 0.0, 0.0, 0.0))
+        if steps < RATE_FIT_STEPS or slope <= 0:
+            return 0.0
+        return min(max((emitted - expected) / slope, -RATE_FIT_MAX), RATE_FIT_MAX)
 
     def _pull_to_prior(self, s: Sequence) -> None:
         """A step where s's chain was not verified: its running rate moves CHAIN_PRIOR_PULL of the way to the
