@@ -302,3 +302,17 @@ def test_chain_law_and_its_slope(r, n):
     h = 1e-6
     want = (chain_tokens(r + h, n) - chain_tokens(max(r - h, 0.0), n)) / (r + h - max(r - h, 0.0))
     assert chain_slope(r, n) == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def test_draft_probability_is_the_softmax():
+    """drafters.model.prob (float32, one pass) equals the float64 softmax, at the argmax and elsewhere, and
+    does not overflow on large logits."""
+    from specexport.runtime.drafters.model import prob
+
+    rng = np.random.default_rng(0)
+    for scale, shift in ((1.0, 0.0), (8.0, 0.0), (3.0, 500.0)):
+        logits = (rng.standard_normal(49152) * scale + shift).astype(np.float32)
+        x = logits.astype(np.float64)
+        want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+        for t in (int(np.argmax(logits)), 0, 1234):
+            assert prob(logits, t) == pytest.approx(want[t], rel=1e-4, abs=1e-9)
