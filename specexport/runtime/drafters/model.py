@@ -7,7 +7,6 @@ self-draft).
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ...backends.base import Backend
