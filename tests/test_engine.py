@@ -195,11 +195,15 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         pipe.close(10)
 
 
-def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path):
+def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path, monkeypatch):
     """Where the guard has measured speculation at some batch size (>= 3 rows) and even the best k would not pay,
     a larger batch size drafts nothing either, without a first try of its own (the fused graphs run every B, and
     a try at each cost a burst 8%, engine._spec_measured): three requests decode and draft once at 3 rows, a
-    fourth arrives and the 4-row steps draft nothing; the tokens are the solo ones."""
+    fourth arrives and the 4-row steps draft nothing (the retries after PROBE_STEPS priced-out steps left off:
+    test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin); the tokens are the solo ones."""
+    from specexport.runtime import engine as E
+
+    monkeypatch.setattr(E, "PROBE_STEPS", 10 ** 6)
     pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", attention="fused",
                                         batch_sizes=(1, 2, 4)))
     if not pipe.target.kernel:
@@ -762,13 +766,15 @@ def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
     """k="auto" with the draft model where the guard acts (>= 3 rows): requests whose running rates price every
     k out (k = 0, no drafts) drift towards their drafter's pooled acceptance at every such step, as a chain
     offered and not verified does, so they draft again later; without the pull their rates stay frozen and
-    they never draft at 3-4 rows. The tokens are the solo ones either way."""
+    they never draft at 3-4 rows (the engine's retries after PROBE_STEPS priced-out steps left off here). The
+    tokens are the solo ones either way."""
     from specexport.runtime import engine as E
     from specexport.runtime.drafters import RowDraft
 
     pipe = specexport.load(bundle_portable)
     prompts = PROMPTS[:4]
     want = [solo(pipe, p, max_new_tokens=24) for p in prompts]
+    monkeypatch.setattr(E, "PROBE_STEPS", 10 ** 6)
     for pull, drafts in ((0.0, False), (E.CHAIN_PRIOR_PULL, True)):
         monkeypatch.setattr(E, "CHAIN_PRIOR_PULL", pull)
         eng = pipe.start_engine(max_batch=4, max_queue=8)
@@ -783,6 +789,50 @@ def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
             pass
         assert [c.wait(1).token_ids for c in cs] == want
         assert any(B >= 3 for B in runs) == drafts, (pull, runs)
+    pipe.close(10)
+
+
+def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
+    """Where every k is priced out at a guarded B (`_model_k` 0), the step after PROBE_STEPS such steps drafts
+    the best k anyway, so the draft calls, verify calls and rates that priced it out are measured again; a retry
+    that is priced out again doubles the wait, one that is not resets it. Between ks that pay, the choice
+    leaves the k it chose last at that B only for one expected to deliver K_MARGIN more tokens per second."""
+    from specexport.runtime import engine as E
+    from specexport.runtime.costs import chain_tokens
+    from specexport.runtime.drafters import RowDraft
+
+    pipe = specexport.load(bundle_portable)
+    eng = pipe.start_engine(max_batch=4, max_queue=8)
+    eng._thread = True  # driven by hand: one step admits and prefills
+    cs = [pipe.submit(p, max_new_tokens=8, draft="model", k="auto") for p in PROMPTS[:4]]
+    eng.step()
+    auto = [s for s in eng._active if isinstance(s.drafter, RowDraft)]
+    assert auto
+    eng.payoff.measured = lambda B: True
+    ts = sorted(t for name, t in eng.target.entry.profiles.items()
+                if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
+    eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
+    eng.costs.seen = {(4, T): 1.0 + (T > 1) for T in [1] + ts}  # any verify call twice a plain one
+    for s in auto:
+        s.chain_hits, s.chain_tries = 0.1, 1.0  # expects ~1.1 tokens a row: priced out
+    ks = [eng._model_k(auto, 4) for _ in range(3 * E.PROBE_STEPS)]
+    first, second = E.PROBE_STEPS - 1, 3 * E.PROBE_STEPS - 1  # the retries: after 8 steps, then after 16 more
+    assert [i for i, k in enumerate(ks) if k] == [first, second]
+    assert ks[first] == ks[second] == ts[-1] - 1  # every verify call at one price: the longest chain
+    for s in auto:
+        s.chain_hits = 0.95  # now any k pays: the wait is reset
+    assert eng._model_k(auto, 4) > 0 and 4 not in eng.priced_out
+    # the margin: prices that make the next T ahead by less than K_MARGIN keep the last choice, more switch
+    a, b = ts[0], ts[1]
+    eng.last_T[4] = a
+    rate = min(max(auto[0].chain_rate + eng._rate_offset(RowDraft), 0.0), 1.0)
+    ratio = chain_tokens(rate, b) / chain_tokens(rate, a)  # cost(b) at this ratio: the two expect the same
+    for ahead, want in ((1 + E.K_MARGIN / 2, a), (1 + 2 * E.K_MARGIN, b)):
+        eng.last_T[4] = a
+        eng.costs.seen = {(4, 1): 100.0, (4, a): 1.0, (4, b): ratio / ahead, **{(4, t): 100.0 for t in ts[2:]}}
+        assert eng._model_k(auto, 4) == want - 1, (ahead, want)
+    for c in cs:
+        c.cancel()
     pipe.close(10)
 
 

@@ -61,6 +61,16 @@ CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 RATE_FIT_DECAY, RATE_FIT_STEPS = 0.98, 8
 RATE_FIT_MAX = 0.15  # the largest offset the rate fit applies, either way
 WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_cost`)
+# a B priced out of drafting (`_model_k` 0) drafts again after this many such steps, so that the prices and rates
+# that priced it out are measured anew; each retry that is priced out again doubles the wait (at most 2 ** 4 x).
+# Prices are moving averages of the calls that ran: a slow spell in the draft's 4-row calls (4.1 -> 7.5 ms against
+# ~4.5 ms steady) and a stretch of misses priced 4 rows out of drafting on 167 of a burst's 229 steps, and
+# with no drafts nothing measured them again (2026-12-06, `xeon-m207`, the first burst on a fresh engine)
+PROBE_STEPS, PROBE_DOUBLINGS = 8, 4
+# the choice of k at a B leaves the k it chose last there only for one expected to deliver this much more per
+# second: at 4 rows the expectations of k = 2 and k = 4 were within a few percent of each other on most steps,
+# and the choice flipped between them on the rates' noise
+K_MARGIN = 0.03
 
 
 def _warm_cost(call) -> float:
@@ -209,6 +219,8 @@ class Engine:
         # chain drafter's type -> decayed sums over its verified chains of the tokens they emitted, of what the
         # geometric law at each request's running rate expected of them, of the law's slope there, and the steps
         self.rate_fit: dict = {}
+        self.priced_out: dict = {}  # B -> [steps priced out since the last retry, retries priced out in a row]
+        self.last_T: dict = {}  # B -> the T that `_model_k` chose last at B
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -656,7 +668,9 @@ class Engine:
         even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
         then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
         against a ~22 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
-        after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured."""
+        after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured;
+        so does every step after PROBE_STEPS priced out at B (doubling while the retries are priced out too).
+        Between ks that pay, the choice keeps the T it chose last at B unless another is K_MARGIN ahead."""
         if not auto:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
@@ -666,8 +680,18 @@ class Engine:
         rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
         gain = lambda T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
         best = max(ts, key=gain, default=2)
+        last = self.last_T.get(B)
+        if last in ts and gain(best) < (1 + K_MARGIN) * gain(last):
+            best = last
+        self.last_T[B] = best
         if self._spec_measured(B) and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
-            return 0
+            out = self.priced_out.setdefault(B, [0, 0])
+            out[0] += 1
+            if out[0] < PROBE_STEPS << min(out[1], PROBE_DOUBLINGS):
+                return 0
+            out[:] = [0, out[1] + 1]  # a retry: this step drafts
+        else:
+            self.priced_out.pop(B, None)
         return best - 1
 
     def _spec_measured(self, B: int) -> bool:
