@@ -254,6 +254,21 @@ def test_rate_fit_counts_what_chains_emitted_against_the_geometric_law(bundle_po
     pipe.close(10)
 
 
+def auto_drafting(bundle):
+    """An engine driven by hand with four k="auto" draft-model requests admitted and prefilled -> (pipe, engine,
+    their completions, their Sequences)."""
+    from specexport.runtime.drafters import RowDraft
+
+    pipe = specexport.load(bundle)
+    eng = pipe.start_engine(max_batch=4, max_queue=8)
+    eng._thread = True  # driven by hand: one step admits and prefills
+    cs = [pipe.submit(p, max_new_tokens=8, draft="model", k="auto") for p in PROMPTS[:4]]
+    eng.step()
+    auto = [s for s in eng._active if isinstance(s.drafter, RowDraft)]
+    assert auto
+    return pipe, eng, cs, auto
+
+
 def test_choice_of_k_takes_the_rates_with_their_offset(bundle_portable):
     """k="auto" with the draft model: the k whose expected tokens per second of call and drafting is the most, the
     expectation the geometric law's at each request's running rate plus the drafter's offset (rate_fit). With
@@ -263,13 +278,7 @@ def test_choice_of_k_takes_the_rates_with_their_offset(bundle_portable):
     from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft
 
-    pipe = specexport.load(bundle_portable)
-    eng = pipe.start_engine(max_batch=4, max_queue=8)
-    eng._thread = True  # driven by hand: one step admits and prefills
-    cs = [pipe.submit(p, max_new_tokens=8, draft="model", k="auto") for p in PROMPTS[:4]]
-    eng.step()
-    auto = [s for s in eng._active if isinstance(s.drafter, RowDraft)]
-    assert auto
+    pipe, eng, cs, auto = auto_drafting(bundle_portable)
     for s in auto:
         s.chain_hits, s.chain_tries = 0.75, 1.0
     ts = sorted(t for name, t in eng.target.entry.profiles.items()
@@ -801,13 +810,7 @@ def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft
 
-    pipe = specexport.load(bundle_portable)
-    eng = pipe.start_engine(max_batch=4, max_queue=8)
-    eng._thread = True  # driven by hand: one step admits and prefills
-    cs = [pipe.submit(p, max_new_tokens=8, draft="model", k="auto") for p in PROMPTS[:4]]
-    eng.step()
-    auto = [s for s in eng._active if isinstance(s.drafter, RowDraft)]
-    assert auto
+    pipe, eng, cs, auto = auto_drafting(bundle_portable)
     eng.payoff.measured = lambda B: True
     ts = sorted(t for name, t in eng.target.entry.profiles.items()
                 if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
