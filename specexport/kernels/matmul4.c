@@ -10,7 +10,8 @@
  * lane c holds k = 8j + i (low nibble) and 8j + 4 + i (high nibble); two masks make the u8 operands of two
  * VPDPBUSD, each 16 columns x 4 k of multiply-adds against 4 broadcast int8 activations. Four such groups make
  * a 64-column panel, so a row has 4 independent accumulator chains (one row alone is not bound by VPDPBUSD's
- * latency); a thread owns a contiguous range of panels and reads each once per block of up to 3 rows.
+ * latency); a thread owns a contiguous range of panels and reads each once per block of up to 3 rows (calls of
+ * 4 rows or more: each half panel, 2 groups, once per block of up to 6 rows).
  *
  * Numerics (this defines the int4-a8 target when the kernel runs): each row's activations are quantised per
  * block of 32 k on their own (scale max|a| / 127, round to nearest even), the block's products summed exactly
@@ -33,7 +34,8 @@ int specexport_parts(void);
 #define QB 32 /* k per block (the bundle's block_size) */
 #define GC 16 /* columns per group: one vector of int32 lanes */
 #define NG 4  /* groups per panel: 4 independent chains of VPDPBUSD per row, 64 columns */
-#define RB4 3 /* rows per register block: 3 x 4 int32 and 3 x 4 float accumulators */
+#define RB4 3 /* rows per register block over a whole panel: 3 x 4 int32 and 3 x 4 float accumulators */
+#define RB2 6 /* rows per register block over half a panel (2 groups), for calls of 4 rows or more */
 
 typedef struct {
   uint8_t *w; /* [panels][blocks][4 (j)][NG][64]: see the header */
@@ -51,27 +53,29 @@ typedef struct {
   int64_t M, nparts;
 } Call;
 
-/* y[r0 .. r0 + R) x panel p's 64 columns: R a constant per instance, so the accumulators stay in registers */
-#define ROWS(R)                                                                                               \
-  static void rows##R(const Kernel *k, const Call *c, int64_t p, int64_t r0) {                              \
+/* y[r0 .. r0 + R) x the G groups from g0 of panel p: R and G constants per instance, so the accumulators stay
+ * in registers. Whatever R, G and g0, a row's column sums the same int32 block dots and adds them in the same
+ * block order, so its output does not depend on the instance that ran it */
+#define ROWS(R, G)                                                                                            \
+  static void rows##R##_##G(const Kernel *k, const Call *c, int64_t p, int64_t r0, int g0) {                \
     const int64_t nb = k->nb, Kp = nb * QB;                                                                 \
     const __m512i m4 = _mm512_set1_epi8(0x0f);                                                              \
-    __m512 acc[R][NG];                                                                                      \
+    __m512 acc[R][G];                                                                                       \
     for (int r = 0; r < R; r++)                                                                             \
-      for (int i = 0; i < NG; i++) acc[r][i] = _mm512_setzero_ps();                                         \
-    const uint8_t *w = k->w + p * nb * 256 * NG;                                                            \
-    const float *s = k->s + p * nb * GC * NG;                                                               \
+      for (int i = 0; i < G; i++) acc[r][i] = _mm512_setzero_ps();                                          \
+    const uint8_t *w = k->w + p * nb * 256 * NG + 64 * g0;                                                  \
+    const float *s = k->s + p * nb * GC * NG + GC * g0;                                                     \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
-      __m512i d[R][NG];                                                                                     \
+      __m512i d[R][G];                                                                                      \
       for (int r = 0; r < R; r++)                                                                           \
-        for (int i = 0; i < NG; i++) d[r][i] = _mm512_setzero_si512();                                      \
+        for (int i = 0; i < G; i++) d[r][i] = _mm512_setzero_si512();                                       \
       for (int j = 0; j < 4; j++, w += 64 * NG) {                                                           \
         __m512i a0[R], a1[R];                                                                               \
         for (int r = 0; r < R; r++) {                                                                       \
           const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + b * QB + 8 * j);                     \
           a0[r] = _mm512_set1_epi32(q[0]), a1[r] = _mm512_set1_epi32(q[1]);                                 \
         }                                                                                                   \
-        for (int i = 0; i < NG; i++) {                                                                      \
+        for (int i = 0; i < G; i++) {                                                                       \
           __m512i v = _mm512_load_si512((const void *)(w + 64 * i));                                        \
           __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);         \
           for (int r = 0; r < R; r++) {                                                                     \
@@ -84,36 +88,49 @@ typedef struct {
         int64_t x = (r0 + r) * nb + b;                                                                      \
         __m512i z = _mm512_set1_epi32(c->asum[x]);                                                          \
         __m512 sa = _mm512_set1_ps(c->sa[x]);                                                               \
-        for (int i = 0; i < NG; i++) {                                                                      \
+        for (int i = 0; i < G; i++) {                                                                       \
           __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(d[r][i], z));                                    \
-          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + (b * NG + i) * GC), sa), acc[r][i]); \
+          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + b * NG * GC + i * GC), sa), acc[r][i]); \
         }                                                                                                   \
       }                                                                                                     \
     }                                                                                                       \
-    for (int i = 0; i < NG; i++) {                                                                          \
-      int64_t n0 = (p * NG + i) * GC, cols = k->N - n0 < GC ? k->N - n0 : GC;                               \
+    for (int i = 0; i < G; i++) {                                                                           \
+      int64_t n0 = (p * NG + g0 + i) * GC, cols = k->N - n0 < GC ? k->N - n0 : GC;                          \
       if (cols <= 0) break;                                                                                 \
       __mmask16 mask = cols == GC ? 0xffff : (__mmask16)((1u << cols) - 1);                                 \
       for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(c->y + (r0 + r) * k->N + n0, mask, acc[r][i]);      \
     }                                                                                                       \
   }
-ROWS(1)
-ROWS(2)
-ROWS(3)
-static void (*const rows[RB4 + 1])(const Kernel *, const Call *, int64_t, int64_t) = {NULL, rows1, rows2, rows3};
+ROWS(1, 4)
+ROWS(2, 4)
+ROWS(3, 4)
+ROWS(1, 2)
+ROWS(2, 2)
+ROWS(3, 2)
+ROWS(4, 2)
+ROWS(5, 2)
+ROWS(6, 2)
+typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int);
+static const Rows rows4[RB4 + 1] = {NULL, rows1_4, rows2_4, rows3_4};
+static const Rows rows2[RB2 + 1] = {NULL, rows1_2, rows2_2, rows3_2, rows4_2, rows5_2, rows6_2};
 
+/* Calls of up to 3 rows take whole panels, 3 rows at a time: a row alone has 4 chains of VPDPBUSD. From 4 rows
+ * on, half panels, up to 6 rows at a time: each weight byte is unpacked once per 6 rows instead of per 3, and
+ * 4 rows run as one block instead of 2 + 2. The rows in blocks as even as they go (9 rows: 5 + 4) */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
   const Kernel *k = c->k;
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
-  /* the rows in blocks of at most RB4, as even as they go (9 rows: 3 x 3, not 3 + 3 + 3 + 0) */
-  int64_t nblk = (c->M + RB4 - 1) / RB4;
+  int half = c->M > RB4, rb = half ? RB2 : RB4, G = half ? 2 : NG;
+  const Rows *fn = half ? rows2 : rows4;
+  int64_t nblk = (c->M + rb - 1) / rb;
   for (int64_t q = p0; q < p1; q++)
-    for (int64_t i = 0, r = 0; i < nblk; i++) {
-      int64_t r1 = c->M * (i + 1) / nblk;
-      rows[r1 - r](k, c, q, r);
-      r = r1;
-    }
+    for (int g0 = 0; g0 < NG; g0 += G)
+      for (int64_t i = 0, r = 0; i < nblk; i++) {
+        int64_t r1 = c->M * (i + 1) / nblk;
+        fn[r1 - r](k, c, q, r, g0);
+        r = r1;
+      }
 }
 
 /* rows [m0, m1) of x [M, K] as int8 per block of QB k (zero past K), their scales and 8 x their sums. Vectorised,
