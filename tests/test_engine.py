@@ -256,7 +256,7 @@ def test_rate_fit_counts_what_chains_emitted_against_the_geometric_law(bundle_po
 
 def auto_drafting(bundle):
     """An engine driven by hand with four k="auto" draft-model requests admitted and prefilled -> (pipe, engine,
-    their completions, their Sequences)."""
+    their completions, their Sequences, the verify profiles' T that their k allows)."""
     from specexport.runtime.drafters import RowDraft
 
     pipe = specexport.load(bundle)
@@ -266,7 +266,8 @@ def auto_drafting(bundle):
     eng.step()
     auto = [s for s in eng._active if isinstance(s.drafter, RowDraft)]
     assert auto
-    return pipe, eng, cs, auto
+    ts = [k + 1 for k in eng.target.entry.verify_ks() if k <= min(s.cfg.k for s in auto)]
+    return pipe, eng, cs, auto, ts
 
 
 def test_choice_of_k_takes_the_rates_with_their_offset(bundle_portable):
@@ -278,11 +279,9 @@ def test_choice_of_k_takes_the_rates_with_their_offset(bundle_portable):
     from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft
 
-    pipe, eng, cs, auto = auto_drafting(bundle_portable)
+    pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
     for s in auto:
         s.chain_hits, s.chain_tries = 0.75, 1.0
-    ts = sorted(t for name, t in eng.target.entry.profiles.items()
-                if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
     assert len(ts) >= 2, ts
     eng.costs.seen = {(B, T): chain_tokens(0.8, T) for B in (1, 2, 3, 4) for T in [1] + ts}
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
@@ -810,10 +809,8 @@ def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft
 
-    pipe, eng, cs, auto = auto_drafting(bundle_portable)
+    pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
     eng.payoff.measured = lambda B: True
-    ts = sorted(t for name, t in eng.target.entry.profiles.items()
-                if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
     eng.costs.seen = {(4, T): 1.0 + (T > 1) for T in [1] + ts}  # any verify call twice a plain one
     for s in auto:

@@ -662,8 +662,8 @@ class Engine:
         """The draft length this step for the requests drafting with the model and k="auto": the k of the built
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
         rate^k over them (rate: each one's running acceptance plus the drafter's `_rate_offset`), per second of
-        the target's (B, T) call plus the k shared draft calls (both measured); at least 1, so that the acceptance keeps being measured, except
-        where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B or a smaller one of its class (`_spec_measured`)
+        the target's (B, T) call plus the k shared draft calls (both measured); at least 1, so that the
+        acceptance keeps being measured, except where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B or a smaller one of its class (`_spec_measured`)
         since its last pause: there 0 when
         even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
         then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
@@ -678,13 +678,13 @@ class Engine:
         dc = self.drafts.costs.cost(B, 1)
         off = self._rate_offset(type(auto[0].drafter))
         rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
-        gain = lambda T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc)
-        best = max(ts, key=gain, default=2)
+        gain = {T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc) for T in ts}
+        best = max(ts, key=gain.get, default=2)
         last = self.last_T.get(B)
-        if last in ts and gain(best) < (1 + K_MARGIN) * gain(last):
+        if last in gain and gain[best] < (1 + K_MARGIN) * gain[last]:
             best = last
         self.last_T[B] = best
-        if self._spec_measured(B) and ts and gain(best) <= len(auto) / self.costs.cost(B, 1):
+        if self._spec_measured(B) and ts and gain[best] <= len(auto) / self.costs.cost(B, 1):
             out = self.priced_out.setdefault(B, [0, 0])
             out[0] += 1
             if out[0] < PROBE_STEPS << min(out[1], PROBE_DOUBLINGS):
