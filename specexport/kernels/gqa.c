@@ -122,6 +122,38 @@ static inline v16 hsum16(const v16 *a) {
 }
 #endif
 
+/* The floats a register holds: 16 where AVX-512 is, else 8. AVX2's 16 registers hold a quarter of what the
+ * AVX-512 blocks keep live (32 of 16 floats), so there gqa_rows.h runs its blocks in narrower pieces, each
+ * output the same sums in the same order (2026-12-06, AMD EPYC family 25 model 1: v16 blocks on AVX2 spilled,
+ * a 256-token chunk's attention at 0.41x onnxruntime's). */
+#if defined(__AVX512F__)
+#define W 16
+#else
+#define W 8
+#endif
+typedef float vw __attribute__((vector_size(4 * W)));
+typedef float vwu __attribute__((vector_size(4 * W), aligned(4)));
+typedef int iw __attribute__((vector_size(4 * W)));
+static inline vw loadw(const float *p) { return *(const vwu *)p; }
+static inline void storew(float *p, vw v) { *(vwu *)p = v; }
+static inline vw selw(iw m, vw a, vw b) { return (vw)((m & (iw)a) | (~m & (iw)b)); }
+#if W == 16
+#define expw exp16
+#else
+static inline vw expw(vw x) { return EXP_BITS(x, iw); } /* exp16's numbers, 8 lanes at a time */
+#endif
+/* hsum of a vector of 16 lanes held as 16 / W vectors: the same tree */
+static inline float hsumw(const vw *a) {
+#if W == 16
+  return hsum(a[0]);
+#else
+  typedef float v4 __attribute__((vector_size(16)));
+  vw b = a[0] + a[1];
+  v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+  return (c[0] + c[2]) + (c[1] + c[3]);
+#endif
+}
+
 #define QB 4 /* a task's query rows are padded to a multiple of QB; fewer than 3 QB take the dot-product path */
 
 /* rows1 .. rows8: attend_rows for head sizes 16 .. 128 (gqa_rows.h names each from DV and undefines DV) */

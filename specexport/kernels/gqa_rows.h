@@ -7,78 +7,93 @@
 #define SCORE4_NAME(dv) ROWS_CAT(score4_, dv)
 #define OUT16_NAME(dv) ROWS_CAT(out16_, dv)
 
-/* The outputs of PB queries (4; 2 at head sizes over 64, so that the sums stay in registers): sums of
- * exp-weighted V rows, and of the weights as vectors of equal lanes, both in key order (so that a tree's
- * token sums the same terms in the same order as its decode call will), then divided. Query r's weight of
- * key j is w[r * si + j * sj]; the first cnt (<= PB) queries are stored. */
-#define PB (DV > 4 ? 2 : 4)
+/* The outputs of PB queries (4; 2 at head sizes over 64 where AVX-512 is, so that the sums stay in registers):
+ * sums of exp-weighted V rows, and of the weights, both in key order (so that a tree's token sums the same
+ * terms in the same order as its decode call will), then divided. Query r's weight of key j is
+ * w[r * si + j * sj]; the first cnt (<= PB) queries are stored. The head's columns of W floats go CW at a
+ * time (all of them where AVX-512 is; 16 floats where AVX2 is, whose 16 registers hold 4 x 2 sums): every
+ * output element is the same chain of multiply-adds either way. */
+#define PB (W == 16 && DV > 4 ? 2 : 4)
+#define CW (W == 16 ? DV : 2)
 static inline void PV_NAME(DV)(const float *w, int64_t si, int64_t sj, int64_t cnt, const int64_t *len,
                                const float *V, float *out, const int64_t *orow) {
   const int64_t D = 16 * DV;
-  v16 a[PB][DV], z[PB];
-  for (int r = 0; r < PB; r++) {
-    z[r] = (v16){0};
-    for (int64_t c = 0; c < DV; c++) a[r][c] = (v16){0};
-  }
   int64_t n = 0;
   for (int r = 0; r < cnt; r++) n = len[r] > n ? len[r] : n;
-  for (int64_t j = 0; j < n; j++) {
-    v16 wr[PB];
-    for (int r = 0; r < PB; r++) wr[r] = (v16){0} + w[r * si + j * sj], z[r] += wr[r];
-    for (int64_t c = 0; c < DV; c++) {
-      v16 v = load(V + j * D + 16 * c);
-      for (int r = 0; r < PB; r++) a[r][c] += wr[r] * v;
+  float z[PB] = {0};
+  for (int64_t j = 0; j < n; j++)
+    for (int r = 0; r < PB; r++) z[r] += w[r * si + j * sj];
+  for (int64_t c0 = 0; c0 < D / W; c0 += CW) {
+    vw a[PB][CW];
+    for (int r = 0; r < PB; r++)
+      for (int64_t c = 0; c < CW; c++) a[r][c] = (vw){0};
+    for (int64_t j = 0; j < n; j++) {
+      vw wr[PB];
+      for (int r = 0; r < PB; r++) wr[r] = (vw){0} + w[r * si + j * sj];
+      for (int64_t c = 0; c < CW; c++) {
+        vw v = loadw(V + j * D + W * (c0 + c));
+        for (int r = 0; r < PB; r++) a[r][c] += wr[r] * v;
+      }
     }
+    for (int r = 0; r < cnt; r++)
+      for (int64_t c = 0; c < CW; c++) storew(out + orow[r] + W * (c0 + c), a[r][c] * (1.0f / z[r]));
   }
-  for (int r = 0; r < cnt; r++)
-    for (int64_t c = 0; c < DV; c++) store(out + orow[r] + 16 * c, a[r][c] * (1.0f / z[r][0]));
 }
 
 /* Scores of 16 queries (qt [D][16], lanes = queries) against four keys k[0..3], stored as s[16 i + lane]:
  * per lane l of the head, sum over c of q[16c + l] k[16c + l], then the lanes in hsum's tree
  * ((b0 + b4) + (b2 + b6)) + ((b1 + b5) + (b3 + b7)) with b_l = lane l + lane l + 8, in that order so that
- * few partial sums are live at once. */
-static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l, v16 *b) {
-  v16 p[4] = {{0}}, h[4] = {{0}};
+ * few partial sums are live at once. The queries go W lanes and the keys KP at a time (all where AVX-512 is;
+ * 8 and 2 where AVX2 is, so that the partial sums stay in its 16 registers): the same sums, lane for lane. */
+#define KP (W == 16 ? 4 : 2)
+static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l, int g, vw *b) {
+  vw p[KP] = {{0}}, h[KP] = {{0}};
   for (int64_t c = 0; c < DV; c++) {
-    v16 x = load(qt + (16 * c + l) * 16), y = load(qt + (16 * c + l + 8) * 16);
-    for (int i = 0; i < 4; i++) p[i] += x * k[i][16 * c + l], h[i] += y * k[i][16 * c + l + 8];
+    vw x = loadw(qt + (16 * c + l) * 16 + g), y = loadw(qt + (16 * c + l + 8) * 16 + g);
+    for (int i = 0; i < KP; i++) p[i] += x * k[i][16 * c + l], h[i] += y * k[i][16 * c + l + 8];
   }
-  for (int i = 0; i < 4; i++) b[i] = p[i] + h[i];
+  for (int i = 0; i < KP; i++) b[i] = p[i] + h[i];
 }
 
-static inline void SCORE4_NAME(DV)(const float *qt, const float *const *k, float *s) {
-  v16 b0[4], b1[4], e0[4], e1[4];
-  LANE2_NAME(DV)(qt, k, 0, b0);
-  LANE2_NAME(DV)(qt, k, 4, b1);
-  for (int i = 0; i < 4; i++) e0[i] = b0[i] + b1[i];
-  LANE2_NAME(DV)(qt, k, 2, b0);
-  LANE2_NAME(DV)(qt, k, 6, b1);
-  for (int i = 0; i < 4; i++) e0[i] = e0[i] + (b0[i] + b1[i]);
-  LANE2_NAME(DV)(qt, k, 1, b0);
-  LANE2_NAME(DV)(qt, k, 5, b1);
-  for (int i = 0; i < 4; i++) e1[i] = b0[i] + b1[i];
-  LANE2_NAME(DV)(qt, k, 3, b0);
-  LANE2_NAME(DV)(qt, k, 7, b1);
-  for (int i = 0; i < 4; i++) store(s + 16 * i, e0[i] + (e1[i] + (b0[i] + b1[i])));
+static inline void SCORE4_NAME(DV)(const float *qt, const float *const *keys, float *s) {
+  for (int i0 = 0; i0 < 4; i0 += KP)
+    for (int g = 0; g < 16; g += W) {
+      const float *const *k = keys + i0;
+      vw b0[KP], b1[KP], e0[KP], e1[KP];
+      LANE2_NAME(DV)(qt, k, 0, g, b0);
+      LANE2_NAME(DV)(qt, k, 4, g, b1);
+      for (int i = 0; i < KP; i++) e0[i] = b0[i] + b1[i];
+      LANE2_NAME(DV)(qt, k, 2, g, b0);
+      LANE2_NAME(DV)(qt, k, 6, g, b1);
+      for (int i = 0; i < KP; i++) e0[i] = e0[i] + (b0[i] + b1[i]);
+      LANE2_NAME(DV)(qt, k, 1, g, b0);
+      LANE2_NAME(DV)(qt, k, 5, g, b1);
+      for (int i = 0; i < KP; i++) e1[i] = b0[i] + b1[i];
+      LANE2_NAME(DV)(qt, k, 3, g, b0);
+      LANE2_NAME(DV)(qt, k, 7, g, b1);
+      for (int i = 0; i < KP; i++) storew(s + 16 * (i0 + i) + g, e0[i] + (e1[i] + (b0[i] + b1[i])));
+    }
 }
 
 /* The outputs of 16 queries (lanes) from their weights s [n][16] and the weights' sums z (in key order): per
- * 16 dims of the head, each query's sum of weight * V element in key order (the same FMAs as PV's), divided. */
-static inline void OUT16_NAME(DV)(const float *s, int64_t n, v16 z, const float *V, int64_t cnt, float *out,
+ * W dims of the head and W of the queries (16 where AVX-512 is, else 8: W x W sums in registers), each
+ * query's sum of weight * V element in key order (the same FMAs as PV's), divided. */
+static inline void OUT16_NAME(DV)(const float *s, int64_t n, const vw *z, const float *V, int64_t cnt, float *out,
                                   const int64_t *orow) {
   const int64_t D = 16 * DV;
-  v16 rz = 1.0f / z;
-  for (int64_t c = 0; c < DV; c++) {
-    v16 o[16];
-    for (int d = 0; d < 16; d++) o[d] = (v16){0};
-    for (int64_t j = 0; j < n; j++) {
-      v16 w = load(s + j * 16);
-      for (int d = 0; d < 16; d++) o[d] += w * V[j * D + 16 * c + d];
+  vw rz[16 / W];
+  for (int h = 0; h < 16 / W; h++) rz[h] = 1.0f / z[h];
+  for (int64_t d0 = 0; d0 < D; d0 += W)
+    for (int g = 0; g < cnt; g += W) {
+      vw o[W];
+      for (int d = 0; d < W; d++) o[d] = (vw){0};
+      for (int64_t j = 0; j < n; j++) {
+        vw w = loadw(s + j * 16 + g);
+        for (int d = 0; d < W; d++) o[d] += w * V[j * D + d0 + d];
+      }
+      for (int64_t r = 0; r < W && g + r < cnt; r++)
+        for (int d = 0; d < W; d++) out[orow[g + r] + d0 + d] = o[d][r] * rz[g / W][r];
     }
-    for (int64_t r = 0; r < cnt; r++)
-      for (int d = 0; d < 16; d++) out[orow[r] + 16 * c + d] = o[d][r] * rz[r];
-  }
 }
 
 /* One task's attention, head size D = 16 * DV: nq queries q [nq4, D] (nq4: nq rounded up to QB, the extra
@@ -104,15 +119,13 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
         store(sc + i * kpad + j, hsum16(a));
       }
 #endif
-    for (; j < keys; j++) {
-      v16 kj[DV];
-      for (int64_t c = 0; c < DV; c++) kj[c] = load(K + j * D + 16 * c);
+    for (; j < keys; j++) /* a dot product per (query, key): lanes l and l + 8 apart where W is 8 */
       for (int64_t i = 0; i < nq; i++) {
-        v16 a = {0};
-        for (int64_t c = 0; c < DV; c++) a += load(q + i * D + 16 * c) * kj[c];
-        sc[i * kpad + j] = hsum(a);
+        vw a[16 / W] = {{0}};
+        for (int64_t c = 0; c < DV; c++)
+          for (int h = 0; h < 16 / W; h++) a[h] += loadw(q + i * D + 16 * c + W * h) * loadw(K + j * D + 16 * c + W * h);
+        sc[i * kpad + j] = hsumw(a);
       }
-    }
     for (int64_t i = 0; i < nq4; i++) { /* softmax over each query's keys; rows past nq all zero */
       float *s = sc + i * kpad;
       int64_t n = i < nq ? len[i] : 0;
@@ -123,60 +136,74 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
         memset(s, 0, kpad * sizeof(float));
         continue;
       }
-      v16 mv = load(s);
-      for (int64_t j = 16; j < kpad; j += 16) mv = sel(load(s + j) > mv, load(s + j), mv);
+      vw mv = loadw(s);
+      for (int64_t j = W; j < kpad; j += W) mv = selw(loadw(s + j) > mv, loadw(s + j), mv);
       float m = mv[0];
-      for (int l = 1; l < 16; l++) m = mv[l] > m ? mv[l] : m;
-      for (int64_t j = 0; j < kpad; j += 16) store(s + j, exp16(load(s + j) - m));
+      for (int l = 1; l < W; l++) m = mv[l] > m ? mv[l] : m;
+      for (int64_t j = 0; j < kpad; j += W) storew(s + j, expw(loadw(s + j) - m));
     }
     for (int64_t i = 0; i < nq; i += PB)
       PV_NAME(DV)(sc + i * kpad, kpad, 1, nq - i < PB ? nq - i : PB, len + i, V, out, orow + i);
     return;
   }
-  /* many (verify blocks, prefill chunks): 16 queries as the lanes of a vector, their q transposed once
-   * (qt [D][16]); four keys at a time broadcast from the cache rows as they are read (score4); the scores
-   * stay [key][16 queries] through the softmax and the outputs (out16) */
-  const v16 ninf = (v16){0} - INFINITY;
+  /* many (verify blocks, prefill chunks): 16 queries as the lanes of a vector (16 / W vectors of W), their q
+   * transposed once (qt [D][16]); four keys at a time broadcast from the cache rows as they are read (score4);
+   * the scores stay [key][16 queries] through the softmax and the outputs (out16) */
+  const vw ninf = (vw){0} - INFINITY;
+  enum { NG = 16 / W };
   for (int64_t g0 = 0; g0 < nq; g0 += 16) {
     int64_t cnt = nq - g0 < 16 ? nq - g0 : 16, n = 0, n0 = len[g0]; /* n0: keys every lane sees, unmasked */
     float *s = sc + g0 * kpad;
-    i16 lv = {0};
+    iw lv[NG] = {{0}};
     int nobias = 1;
     for (int r = 0; r < cnt; r++) {
-      lv[r] = (int)len[g0 + r];
+      lv[r / W][r % W] = (int)len[g0 + r];
       n = len[g0 + r] > n ? len[g0 + r] : n;
       n0 = len[g0 + r] < n0 ? len[g0 + r] : n0;
       nobias &= !bias[g0 + r];
     }
     for (int64_t d = 0; d < D; d++)
       for (int r = 0; r < 16; r++) qt[d * 16 + r] = r < cnt ? q[(g0 + r) * D + d] : 0.0f;
-    v16 mv = ninf, z = {0};
+    vw mv[NG], z[NG];
+    for (int h = 0; h < NG; h++) mv[h] = ninf, z[h] = (vw){0};
     for (int64_t j = 0; j < n; j += 4) { /* rows up to j + 3 < kpad are scratch; keys past n repeat n - 1 */
       const float *k[4];
       for (int i = 0; i < 4; i++) k[i] = K + (j + i < n ? j + i : n - 1) * D;
       SCORE4_NAME(DV)(qt, k, s + j * 16);
       if (j + 4 <= n0 && nobias) /* the softmax's largest score, as the scores come */
-        for (int i = 0; i < 4; i++) mv = sel(load(s + (j + i) * 16) > mv, load(s + (j + i) * 16), mv);
+        for (int i = 0; i < 4; i++)
+          for (int h = 0; h < NG; h++) {
+            vw x = loadw(s + (j + i) * 16 + W * h);
+            mv[h] = selw(x > mv[h], x, mv[h]);
+          }
     }
     if (!nobias) { /* softmax over each lane's keys, as the few queries'; its largest score after the bias */
       for (int r = 0; r < cnt; r++)
         if (bias[g0 + r])
           for (int64_t j = 0; j < len[g0 + r]; j++) s[j * 16 + r] += bias[g0 + r][j];
-      for (int64_t j = 0; j < n0; j++) mv = sel(load(s + j * 16) > mv, load(s + j * 16), mv);
+      for (int64_t j = 0; j < n0; j++)
+        for (int h = 0; h < NG; h++) {
+          vw x = loadw(s + j * 16 + W * h);
+          mv[h] = selw(x > mv[h], x, mv[h]);
+        }
     }
-    for (int64_t j = n0 / 4 * 4; j < n; j++) {
-      v16 x = sel((i16){0} + (int)j >= lv, ninf, load(s + j * 16));
-      store(s + j * 16, x);
-      mv = sel(x > mv, x, mv);
-    }
-    mv = sel(lv == 0, (v16){0}, mv); /* a padding lane: no keys, weights 0 */
-    for (int64_t j = 0; j < n; j++) { /* the weights, and their sums in key order */
-      v16 e = exp16(load(s + j * 16) - mv);
-      store(s + j * 16, e);
-      z += e;
-    }
+    for (int64_t j = n0 / 4 * 4; j < n; j++)
+      for (int h = 0; h < NG; h++) {
+        vw x = selw((iw){0} + (int)j >= lv[h], ninf, loadw(s + j * 16 + W * h));
+        storew(s + j * 16 + W * h, x);
+        mv[h] = selw(x > mv[h], x, mv[h]);
+      }
+    for (int h = 0; h < NG; h++) mv[h] = selw(lv[h] == 0, (vw){0}, mv[h]); /* a padding lane: no keys, weights 0 */
+    for (int64_t j = 0; j < n; j++) /* the weights, and their sums in key order */
+      for (int h = 0; h < NG; h++) {
+        vw e = expw(loadw(s + j * 16 + W * h) - mv[h]);
+        storew(s + j * 16 + W * h, e);
+        z[h] += e;
+      }
     OUT16_NAME(DV)(s, n, z, V, cnt, out, orow + g0);
   }
 }
 #undef PB
+#undef CW
+#undef KP
 #undef DV

@@ -66,17 +66,30 @@ typedef int i16 __attribute__((vector_size(64)));
 
 static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
 
-/* e^r for |r| <= ln 2 / 2 (r = x - n ln 2, n an integer: Cephes' two-part ln 2), Cephes' expf polynomial */
-static inline v16 exp_r(v16 x, v16 n) {
-  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = (v16){0} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return p * r * r + r + 1.0f;
-}
+/* e^r for |r| <= ln 2 / 2 (r = x - n ln 2, n an integer: Cephes' two-part ln 2), Cephes' expf polynomial; x and
+ * n any vector of floats (16 here, 8 in gqa.c's AVX2 build) */
+#define EXP_R(x, n)                                                                                           \
+  ({                                                                                                          \
+    __typeof__(x) r_ = (x) - (n) * 0.693359375f + (n) * 2.12194440e-4f, p_ = (__typeof__(x)){0} + 1.9875691500e-4f; \
+    p_ = p_ * r_ + 1.3981999507e-3f;                                                                          \
+    p_ = p_ * r_ + 8.3334519073e-3f;                                                                          \
+    p_ = p_ * r_ + 4.1665795894e-2f;                                                                          \
+    p_ = p_ * r_ + 1.6666665459e-1f;                                                                          \
+    p_ = p_ * r_ + 5.0000001201e-1f;                                                                          \
+    p_ * r_ * r_ + r_ + 1.0f;                                                                                 \
+  })
+
+/* e^x for x <= 0 with 2^n built in the exponent's bits (adding 1.5 * 2^23 leaves n in the low bits of t); 0
+ * below -87.3. x any vector of floats, I the ints of its width. */
+#define EXP_BITS(x, I)                                                                                        \
+  ({                                                                                                          \
+    __typeof__(x) x_ = (x), z_ = {0};                                                                         \
+    I under_ = x_ < z_ - 87.3f;                                                                               \
+    x_ = (__typeof__(x))((under_ & (I)(z_ - 87.3f)) | (~under_ & (I)x_));                                     \
+    __typeof__(x) t_ = x_ * 1.44269504088896341f + 12582912.0f;                                               \
+    __typeof__(x) p_ = EXP_R(x_, t_ - 12582912.0f) * (__typeof__(x))(((I)t_ + (127 - 0x4b400000)) << 23);     \
+    (__typeof__(x))(~under_ & (I)p_);                                                                         \
+  })
 
 /* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest,
  * r = x - n ln 2 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 (a masked score: -inf). 2^n is applied by
@@ -88,14 +101,8 @@ static inline v16 exp16(v16 x) {
   __mmask16 under = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps((__m512)x, _mm512_set1_ps(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)exp_r(x, (v16)n), n);
+  return (v16)_mm512_maskz_scalef_ps(~under, (__m512)EXP_R(x, (v16)n), n);
 #else
-  const v16 zero = {0};
-  i16 under = x < -87.3f;
-  x = sel(under, zero - 87.3f, x);
-  v16 t = x * 1.44269504088896341f + 12582912.0f;
-  v16 p = exp_r(x, t - 12582912.0f) * (v16)(((i16)t + (127 - 0x4b400000)) << 23);
-  return sel(under, zero, p);
+  return EXP_BITS(x, i16);
 #endif
 }
-
