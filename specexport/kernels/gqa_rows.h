@@ -43,36 +43,44 @@ static inline void PV_NAME(DV)(const float *w, int64_t si, int64_t sj, int64_t c
 /* Scores of 16 queries (qt [D][16], lanes = queries) against four keys k[0..3], stored as s[16 i + lane]:
  * per lane l of the head, sum over c of q[16c + l] k[16c + l], then the lanes in hsum's tree
  * ((b0 + b4) + (b2 + b6)) + ((b1 + b5) + (b3 + b7)) with b_l = lane l + lane l + 8, in that order so that
- * few partial sums are live at once. The queries go W lanes and the keys KP at a time (all where AVX-512 is;
- * 8 and 2 where AVX2 is, so that the partial sums stay in its 16 registers): the same sums, lane for lane. */
+ * few partial sums are live at once. The 16 queries are NG vectors of W lanes, and the keys go KP at a time
+ * (4 where AVX-512 is; 2 where AVX2 is, so that 2 x 2 x 2 partial sums stay in its 16 registers, each key
+ * element broadcast once for both halves of the queries): the same sums, lane for lane. */
 #define KP (W == 16 ? 4 : 2)
-static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l, int g, vw *b) {
-  vw p[KP] = {{0}}, h[KP] = {{0}};
+#define NG (16 / W)
+static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l, vw (*b)[NG]) {
+  vw p[KP][NG] = {{{0}}}, h[KP][NG] = {{{0}}};
   for (int64_t c = 0; c < DV; c++) {
-    vw x = loadw(qt + (16 * c + l) * 16 + g), y = loadw(qt + (16 * c + l + 8) * 16 + g);
-    for (int i = 0; i < KP; i++) p[i] += x * k[i][16 * c + l], h[i] += y * k[i][16 * c + l + 8];
+    vw x[NG], y[NG];
+    for (int g = 0; g < NG; g++) x[g] = loadw(qt + (16 * c + l) * 16 + W * g), y[g] = loadw(qt + (16 * c + l + 8) * 16 + W * g);
+    for (int i = 0; i < KP; i++)
+      for (int g = 0; g < NG; g++) p[i][g] += x[g] * k[i][16 * c + l], h[i][g] += y[g] * k[i][16 * c + l + 8];
   }
-  for (int i = 0; i < KP; i++) b[i] = p[i] + h[i];
+  for (int i = 0; i < KP; i++)
+    for (int g = 0; g < NG; g++) b[i][g] = p[i][g] + h[i][g];
 }
 
 static inline void SCORE4_NAME(DV)(const float *qt, const float *const *keys, float *s) {
-  for (int i0 = 0; i0 < 4; i0 += KP)
-    for (int g = 0; g < 16; g += W) {
-      const float *const *k = keys + i0;
-      vw b0[KP], b1[KP], e0[KP], e1[KP];
-      LANE2_NAME(DV)(qt, k, 0, g, b0);
-      LANE2_NAME(DV)(qt, k, 4, g, b1);
-      for (int i = 0; i < KP; i++) e0[i] = b0[i] + b1[i];
-      LANE2_NAME(DV)(qt, k, 2, g, b0);
-      LANE2_NAME(DV)(qt, k, 6, g, b1);
-      for (int i = 0; i < KP; i++) e0[i] = e0[i] + (b0[i] + b1[i]);
-      LANE2_NAME(DV)(qt, k, 1, g, b0);
-      LANE2_NAME(DV)(qt, k, 5, g, b1);
-      for (int i = 0; i < KP; i++) e1[i] = b0[i] + b1[i];
-      LANE2_NAME(DV)(qt, k, 3, g, b0);
-      LANE2_NAME(DV)(qt, k, 7, g, b1);
-      for (int i = 0; i < KP; i++) storew(s + 16 * (i0 + i) + g, e0[i] + (e1[i] + (b0[i] + b1[i])));
-    }
+  for (int i0 = 0; i0 < 4; i0 += KP) {
+    const float *const *k = keys + i0;
+    vw b0[KP][NG], b1[KP][NG], e0[KP][NG], e1[KP][NG];
+    LANE2_NAME(DV)(qt, k, 0, b0);
+    LANE2_NAME(DV)(qt, k, 4, b1);
+    for (int i = 0; i < KP; i++)
+      for (int g = 0; g < NG; g++) e0[i][g] = b0[i][g] + b1[i][g];
+    LANE2_NAME(DV)(qt, k, 2, b0);
+    LANE2_NAME(DV)(qt, k, 6, b1);
+    for (int i = 0; i < KP; i++)
+      for (int g = 0; g < NG; g++) e0[i][g] = e0[i][g] + (b0[i][g] + b1[i][g]);
+    LANE2_NAME(DV)(qt, k, 1, b0);
+    LANE2_NAME(DV)(qt, k, 5, b1);
+    for (int i = 0; i < KP; i++)
+      for (int g = 0; g < NG; g++) e1[i][g] = b0[i][g] + b1[i][g];
+    LANE2_NAME(DV)(qt, k, 3, b0);
+    LANE2_NAME(DV)(qt, k, 7, b1);
+    for (int i = 0; i < KP; i++)
+      for (int g = 0; g < NG; g++) storew(s + 16 * (i0 + i) + W * g, e0[i][g] + (e1[i][g] + (b0[i][g] + b1[i][g])));
+  }
 }
 
 /* The outputs of 16 queries (lanes) from their weights s [n][16] and the weights' sums z (in key order): per
@@ -81,8 +89,8 @@ static inline void SCORE4_NAME(DV)(const float *qt, const float *const *keys, fl
 static inline void OUT16_NAME(DV)(const float *s, int64_t n, const vw *z, const float *V, int64_t cnt, float *out,
                                   const int64_t *orow) {
   const int64_t D = 16 * DV;
-  vw rz[16 / W];
-  for (int h = 0; h < 16 / W; h++) rz[h] = 1.0f / z[h];
+  vw rz[NG];
+  for (int h = 0; h < NG; h++) rz[h] = 1.0f / z[h];
   for (int64_t d0 = 0; d0 < D; d0 += W)
     for (int g = 0; g < cnt; g += W) {
       vw o[W];
@@ -121,9 +129,9 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
 #endif
     for (; j < keys; j++) /* a dot product per (query, key): lanes l and l + 8 apart where W is 8 */
       for (int64_t i = 0; i < nq; i++) {
-        vw a[16 / W] = {{0}};
+        vw a[NG] = {{0}};
         for (int64_t c = 0; c < DV; c++)
-          for (int h = 0; h < 16 / W; h++) a[h] += loadw(q + i * D + 16 * c + W * h) * loadw(K + j * D + 16 * c + W * h);
+          for (int h = 0; h < NG; h++) a[h] += loadw(q + i * D + 16 * c + W * h) * loadw(K + j * D + 16 * c + W * h);
         sc[i * kpad + j] = hsumw(a);
       }
     for (int64_t i = 0; i < nq4; i++) { /* softmax over each query's keys; rows past nq all zero */
@@ -150,7 +158,6 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
    * transposed once (qt [D][16]); four keys at a time broadcast from the cache rows as they are read (score4);
    * the scores stay [key][16 queries] through the softmax and the outputs (out16) */
   const vw ninf = (vw){0} - INFINITY;
-  enum { NG = 16 / W };
   for (int64_t g0 = 0; g0 < nq; g0 += 16) {
     int64_t cnt = nq - g0 < 16 ? nq - g0 : 16, n = 0, n0 = len[g0]; /* n0: keys every lane sees, unmasked */
     float *s = sc + g0 * kpad;
@@ -206,4 +213,5 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
 #undef PB
 #undef CW
 #undef KP
+#undef NG
 #undef DV
