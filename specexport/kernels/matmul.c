@@ -236,21 +236,31 @@ typedef struct {
   volatile int oom; /* a part could not allocate its scratch */
 } Call;
 
-/* silu(g) = g sigmoid(g), the sigmoid from exp16(-|g|) (never overflows): 1 / (1 + e) for g >= 0, e / (1 + e) */
-static inline v16 silu16(v16 g) {
-  v16 e = exp16(sel(g < 0, g, -g)), one = (v16){0} + 1.0f;
-  return g * sel(g >= 0, one / (one + e), e / (one + e));
+/* e^x (x <= 0) and silu(g) = g sigmoid(g) for VL lanes: the sigmoid from e = exp(-|g|) (never overflows), 1 / (1 + e)
+ * for g >= 0, e / (1 + e). Without AVX-512 in 8-lane vectors: GCC compares 16-float vectors there lane by lane
+ * (2026-12-06); the same numbers. */
+#if VL == 16
+#define expv exp16
+#else
+typedef int ivec __attribute__((vector_size(VL * 4)));
+static inline vec expv(vec x) { return EXP_BITS(x, ivec); }
+#endif
+static inline vec silu(vec g) {
+  typedef int iv __attribute__((vector_size(VL * 4)));
+  iv neg = g < 0, pos = g >= 0;
+  vec e = expv((vec)((neg & (iv)g) | (~neg & (iv)-g))), one = (vec){0} + 1.0f;
+  return g * (vec)((pos & (iv)(one / (one + e))) | (~pos & (iv)(e / (one + e))));
 }
 /* MatMulSwiGLU's epilogue for `rows` rows: o[r, j] = silu(g[r, j]) u[r, j], j < n, u = g + PW (the pair's up
  * panel beside its gate panel); gs and os the rows' strides */
 static void glu_rows(const float *g, int64_t gs, float *o, int64_t os, int64_t n, int64_t rows) {
   for (int64_t r = 0; r < rows; r++, g += gs, o += os) {
     int64_t j = 0;
-    for (; j + 16 <= n; j += 16) *(v16u *)(o + j) = silu16(*(const v16u *)(g + j)) * *(const v16u *)(g + PW + j);
+    for (; j + VL <= n; j += VL) st(o + j, silu(ld(g + j)) * ld(g + PW + j));
     if (j < n) {
-      float gb[16] = {0}, ub[16] = {0};
+      float gb[VL] = {0}, ub[VL] = {0};
       memcpy(gb, g + j, (n - j) * 4), memcpy(ub, g + PW + j, (n - j) * 4);
-      v16 t = silu16(*(v16u *)gb) * *(v16u *)ub;
+      vec t = silu(ld(gb)) * ld(ub);
       memcpy(o + j, &t, (n - j) * 4);
     }
   }
