@@ -803,8 +803,9 @@ def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
 def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     """Where every k is priced out at a guarded B (`_model_k` 0), the step after PROBE_STEPS such steps drafts
     the best k anyway, so the draft calls, verify calls and rates that priced it out are measured again; a retry
-    that is priced out again doubles the wait, one that is not resets it. Between ks that pay, the choice
-    leaves the k it chose last at that B only for one expected to deliver K_MARGIN more tokens per second."""
+    that is priced out again doubles the wait, one that is not resets it. Where the prices put drafting far
+    below plain the first wait is that gap over PROBE_LOSS steps. Between ks that pay, the choice leaves the k
+    it chose last at that B only for one expected to deliver K_MARGIN more tokens per second."""
     from specexport.runtime import engine as E
     from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft
@@ -812,13 +813,19 @@ def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
     eng.payoff.measured = lambda B: True
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
-    eng.costs.seen = {(4, T): 1.0 + (T > 1) for T in [1] + ts}  # any verify call twice a plain one
     for s in auto:
         s.chain_hits, s.chain_tries = 0.1, 1.0  # expects ~1.1 tokens a row: priced out
-    ks = [eng._model_k(auto, 4) for _ in range(3 * E.PROBE_STEPS)]
-    first, second = E.PROBE_STEPS - 1, 3 * E.PROBE_STEPS - 1  # the retries: after 8 steps, then after 16 more
-    assert [i for i, k in enumerate(ks) if k] == [first, second]
-    assert ks[first] == ks[second] == ts[-1] - 1  # every verify call at one price: the longest chain
+    rate = min(max(auto[0].chain_rate + eng._rate_offset(RowDraft), 0.0), 1.0)
+    longest = chain_tokens(rate, ts[-1])  # every verify call at one price: the longest chain is the best k
+    for ratio in (0.97, 0.5):  # drafting's tokens per second over plain's: just below, far below
+        eng.priced_out.clear()
+        eng.costs.seen = {(4, 1): 1.0, **{(4, T): longest / ratio for T in ts}}
+        wait = max(E.PROBE_STEPS, round((1 - ratio) / E.PROBE_LOSS))
+        ks = [eng._model_k(auto, 4) for _ in range(3 * wait)]
+        first, second = wait - 1, 3 * wait - 1  # the retries: after `wait` steps, then after twice as many
+        assert [i for i, k in enumerate(ks) if k] == [first, second], ratio
+        assert ks[first] == ks[second] == ts[-1] - 1
+    assert wait == 50  # the far gap waited longer than PROBE_STEPS
     for s in auto:
         s.chain_hits = 0.95  # now any k pays: the wait is reset
     assert eng._model_k(auto, 4) > 0 and 4 not in eng.priced_out

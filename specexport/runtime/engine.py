@@ -67,6 +67,11 @@ WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_c
 # ~4.5 ms steady) and a stretch of misses priced 4 rows out of drafting on 167 of a burst's 229 steps, and
 # with no drafts nothing measured them again (2026-12-06, `xeon-m207`, the first burst on a fresh engine)
 PROBE_STEPS, PROBE_DOUBLINGS = 8, 4
+# ... and, where the prices put drafting far below plain, after more steps: a retry costs about that gap (at 8 rows
+# on an AVX2-only CPU a k = 4 step delivered 0.63x plain's tokens per second, and the retries every 8 to 128
+# steps were ~4 of a 256-step burst's 3-5% behind plain, 2026-12-06, `epyc-zen3`), so the first wait is the gap
+# over PROBE_LOSS steps when that is longer: the retries then cost about PROBE_LOSS of the steps at B
+PROBE_LOSS = 0.01
 # the choice of k at a B leaves the k it chose last there only for one expected to deliver this much more per
 # second: at 4 rows the expectations of k = 2 and k = 4 were within a few percent of each other on most steps,
 # and the choice flipped between them on the rates' noise
@@ -669,7 +674,8 @@ class Engine:
         then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
         against a ~22 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
         after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured;
-        so does every step after PROBE_STEPS priced out at B (doubling while the retries are priced out too).
+        so does every step after PROBE_STEPS priced out at B, or after (1 - best / plain) / PROBE_LOSS steps where
+        that is more (doubling while the retries are priced out too).
         Between ks that pay, the choice keeps the T it chose last at B unless another is K_MARGIN ahead."""
         if not auto:
             return 0
@@ -684,10 +690,12 @@ class Engine:
         if last in gain and gain[best] < (1 + K_MARGIN) * gain[last]:
             best = last
         self.last_T[B] = best
-        if self._spec_measured(B) and ts and gain[best] <= len(auto) / self.costs.cost(B, 1):
+        plain = len(auto) / self.costs.cost(B, 1)
+        if self._spec_measured(B) and ts and gain[best] <= plain:
             out = self.priced_out.setdefault(B, [0, 0])
             out[0] += 1
-            if out[0] < PROBE_STEPS << min(out[1], PROBE_DOUBLINGS):
+            wait = max(PROBE_STEPS, round((1 - gain[best] / plain) / PROBE_LOSS))
+            if out[0] < wait << min(out[1], PROBE_DOUBLINGS):
                 return 0
             out[:] = [0, out[1] + 1]  # a retry: this step drafts
         else:
