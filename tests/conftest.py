@@ -40,3 +40,13 @@ def bundle_portable(ckpts, tmp_path_factory):
     """bundle_noisy with standard-ONNX attention (the device backends and TensorRT need it)."""
     return build_bundle(tmp_path_factory.mktemp("b") / "portable", ckpts["target"], ckpts["noisy"],
                         attention="portable")
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether this CPU has `flag` (/proc/cpuinfo's name). Some numerics are exact only on some CPUs, as measured:
+    onnxruntime's int8-activation MatMulNBits (MLAS) and OpenVINO's CPU kernels give a row the same bits in calls of
+    any size on the AVX-512 machines (which all had avx512_vnni), not on an AVX2-only AMD EPYC (2026-12-06: a chain's
+    verify rows 4.8e-07 from its decode calls on the tiny checkpoint, within the tolerance)."""
+    from specexport import kernels
+
+    return flag in kernels.cpu_flags().split()

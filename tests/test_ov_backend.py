@@ -10,7 +10,7 @@ import specexport
 from specexport.bench.config import extra_bundle
 from specexport.bundle import BundleError
 from specexport.cli import main
-from conftest import build_bundle
+from conftest import build_bundle, cpu_has
 
 pytest.importorskip("openvino", reason="backend openvino needs OpenVINO: pip install 'specexport[openvino]' "
                     "(scripts/setup.sh installs it)")
@@ -63,6 +63,10 @@ def test_openvino_bf16_slots_speculates_losslessly(bundle_slots):
     decoding puts them, which bfloat16 rounds apart, so recycle drafts its tree's best path, a chain."""
     pipe = specexport.load(bundle_slots, backend="openvino-bf16")
     e = pipe.target.entry
+    if not cpu_has("avx512f"):
+        assert e.speculative and e.verify_drift < 1e-4, e.verify_drift
+        pytest.skip(f"no AVX-512: OpenVINO's kernels round a chain's verify rows {e.verify_drift:.2g} apart from its "
+                    "decode calls here (within the tolerance), so chain drafts are not exactly its plain decoding")
     assert e.verify_drift == 0.0 and e.speculative
     plain = [pipe.generate(p, max_new_tokens=30, draft="none").token_ids for p in PROMPTS]
     for p, want in zip(PROMPTS, plain):
@@ -97,6 +101,10 @@ def test_openvino_int4_is_its_own_target_and_speculates_on_chains(bundle_slots):
     a, b = (x.target.step(x.target.new_cache(), ids, 0).logits for x in (f32, pipe))
     assert 1e-3 < np.abs(a - b).max() < 0.5 * np.abs(a).max()  # quantised, not broken
     chain, tree = verify_drifts(m)
+    if not cpu_has("avx512f"):
+        assert m.entry.speculative and chain < 1e-4, chain
+        pytest.skip(f"no AVX-512: OpenVINO's kernels round a chain's verify rows {chain:.2g} apart from its decode "
+                    "calls here (within the tolerance), so chain drafts are not exactly its plain decoding")
     assert chain == 0.0 and m.entry.speculative
     assert m.exact_trees == (tree <= m.entry.parity_tolerance)
     plain = [pipe.generate(p, max_new_tokens=30, draft="none").token_ids for p in PROMPTS]

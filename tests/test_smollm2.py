@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import specexport
-from conftest import build_bundle
+from conftest import build_bundle, cpu_has
 from specexport.exporter.models import fetch_smollm2
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,9 +96,13 @@ def test_int8_activations_drift_on_the_real_model(smol, tmp_path, monkeypatch):
         sx_onnx.quantize(out / "target.onnx", tmp_path / f"q{level}.onnx", bits=4, accuracy_level=level)
     # specexport's kernel
     assert parity.verify_drifts(OrtBackend(out, m.target, m.buckets)) == (0.0, 0.0)
-    for pad in (False, True):
+    from specexport import kernels
+
+    for pad in (False, True):  # int8 rows alike in any call: specexport's MatMulNBits (AVX512-VNNI builds)
         model = OrtBackend(tmp_path, dataclasses.replace(m.target, graph="q4.onnx", pad_decode=pad), m.buckets)
-        assert model.kernel and parity.verify_drifts(model) == (0.0, 0.0), pad
+        assert model.kernel
+        if kernels.matmul4_on(model.kernel):
+            assert parity.verify_drifts(model) == (0.0, 0.0), pad
     # onnxruntime's
     monkeypatch.setenv("SPECEXPORT_KERNELS", "0")
     drift = {}
@@ -107,9 +111,10 @@ def test_int8_activations_drift_on_the_real_model(smol, tmp_path, monkeypatch):
         drift[level] = parity.verify_drifts(OrtBackend(tmp_path, entry, m.buckets))
     assert max(drift[1]) < 1e-3 and min(drift[4]) > 0.05, drift
     # with a pad token in every 1-token call (--pad-decode) a chain scores exactly as decoding; a tree does not
+    # (exactly where MLAS's int8 rows agree across call sizes, the AVX-512 machines; within the tolerance elsewhere)
     entry = dataclasses.replace(m.target, graph="q4.onnx", pad_decode=True)
     chain, tree = parity.verify_drifts(OrtBackend(tmp_path, entry, m.buckets))
-    assert chain == 0.0 and tree > 0.05, (chain, tree)
+    assert (chain == 0.0 if cpu_has("avx512_vnni") else chain < 1e-3) and tree > 0.05, (chain, tree)
 
 def test_amx_attention_random_trees_on_the_real_model(smol, monkeypatch):
     """bf16dot with its attention on AMX tiles (its default where the MatMuls run on them), the real model: random draft trees'
