@@ -93,13 +93,18 @@ static inline v16 load(const float *p) { return *(const v16u *)p; }
 
 static inline void store(float *p, v16 v) { *(v16u *)p = v; }
 
-/* the sum of a vector's lanes as a tree (4 shuffles and adds) */
-static inline float hsum(v16 a) {
-  typedef float v8 __attribute__((vector_size(32)));
+/* the sum of 8 lanes as a tree: c_m = b_m + b_m+4, then (c0 + c2) + (c1 + c3) */
+typedef float v8 __attribute__((vector_size(32)));
+static inline float hsum8(v8 b) {
   typedef float v4 __attribute__((vector_size(16)));
-  v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
   v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
   return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* the sum of a vector's lanes as a tree (4 shuffles and adds): lane l + lane l + 8, then hsum8's */
+static inline float hsum(v16 a) {
+  return hsum8(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 /* hsum of 16 vectors at once: s[j] = hsum(a[j]), each sum the same adds of the same lanes in the same order
@@ -136,21 +141,17 @@ typedef float vwu __attribute__((vector_size(4 * W), aligned(4)));
 typedef int iw __attribute__((vector_size(4 * W)));
 static inline vw loadw(const float *p) { return *(const vwu *)p; }
 static inline void storew(float *p, vw v) { *(vwu *)p = v; }
-static inline vw selw(iw m, vw a, vw b) { return (vw)((m & (iw)a) | (~m & (iw)b)); }
 #if W == 16
 #define expw exp16
 #else
-static inline vw expw(vw x) { return EXP_BITS(x, iw); } /* exp16's numbers, 8 lanes at a time */
+static inline vw expw(vw x) { return EXP_BITS(x); } /* exp16's numbers, 8 lanes at a time */
 #endif
 /* hsum of a vector of 16 lanes held as 16 / W vectors: the same tree */
 static inline float hsumw(const vw *a) {
 #if W == 16
   return hsum(a[0]);
 #else
-  typedef float v4 __attribute__((vector_size(16)));
-  vw b = a[0] + a[1];
-  v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
-  return (c[0] + c[2]) + (c[1] + c[3]);
+  return hsum8(a[0] + a[1]);
 #endif
 }
 

@@ -5,6 +5,7 @@
 #define PV_NAME(dv) ROWS_CAT(pv, dv)
 #define LANE2_NAME(dv) ROWS_CAT(lane2_, dv)
 #define SCORE4_NAME(dv) ROWS_CAT(score4_, dv)
+#define PAIR_NAME(dv) ROWS_CAT(pair_, dv)
 #define OUT16_NAME(dv) ROWS_CAT(out16_, dv)
 
 /* The outputs of PB queries (4; 2 at head sizes over 64 where AVX-512 is, so that the sums stay in registers):
@@ -52,7 +53,8 @@ static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l,
   vw p[KP][NG] = {{{0}}}, h[KP][NG] = {{{0}}};
   for (int64_t c = 0; c < DV; c++) {
     vw x[NG], y[NG];
-    for (int g = 0; g < NG; g++) x[g] = loadw(qt + (16 * c + l) * 16 + W * g), y[g] = loadw(qt + (16 * c + l + 8) * 16 + W * g);
+    for (int g = 0; g < NG; g++)
+      x[g] = loadw(qt + (16 * c + l) * 16 + W * g), y[g] = loadw(qt + (16 * c + l + 8) * 16 + W * g);
     for (int i = 0; i < KP; i++)
       for (int g = 0; g < NG; g++) p[i][g] += x[g] * k[i][16 * c + l], h[i][g] += y[g] * k[i][16 * c + l + 8];
   }
@@ -60,26 +62,27 @@ static inline void LANE2_NAME(DV)(const float *qt, const float *const *k, int l,
     for (int g = 0; g < NG; g++) b[i][g] = p[i][g] + h[i][g];
 }
 
+/* t = b_l + b_(l + 4) for the KP keys (LANE2's sums of lanes l and l + 4), the tree's first adds */
+static inline void PAIR_NAME(DV)(const float *qt, const float *const *k, int l, vw (*t)[NG]) {
+  vw b0[KP][NG], b1[KP][NG];
+  LANE2_NAME(DV)(qt, k, l, b0);
+  LANE2_NAME(DV)(qt, k, l + 4, b1);
+  for (int i = 0; i < KP; i++)
+    for (int g = 0; g < NG; g++) t[i][g] = b0[i][g] + b1[i][g];
+}
+
 static inline void SCORE4_NAME(DV)(const float *qt, const float *const *keys, float *s) {
   for (int i0 = 0; i0 < 4; i0 += KP) {
     const float *const *k = keys + i0;
-    vw b0[KP][NG], b1[KP][NG], e0[KP][NG], e1[KP][NG];
-    LANE2_NAME(DV)(qt, k, 0, b0);
-    LANE2_NAME(DV)(qt, k, 4, b1);
+    vw e0[KP][NG], e1[KP][NG], t[KP][NG];
+    PAIR_NAME(DV)(qt, k, 0, e0);
+    PAIR_NAME(DV)(qt, k, 2, t);
     for (int i = 0; i < KP; i++)
-      for (int g = 0; g < NG; g++) e0[i][g] = b0[i][g] + b1[i][g];
-    LANE2_NAME(DV)(qt, k, 2, b0);
-    LANE2_NAME(DV)(qt, k, 6, b1);
+      for (int g = 0; g < NG; g++) e0[i][g] = e0[i][g] + t[i][g];
+    PAIR_NAME(DV)(qt, k, 1, e1);
+    PAIR_NAME(DV)(qt, k, 3, t);
     for (int i = 0; i < KP; i++)
-      for (int g = 0; g < NG; g++) e0[i][g] = e0[i][g] + (b0[i][g] + b1[i][g]);
-    LANE2_NAME(DV)(qt, k, 1, b0);
-    LANE2_NAME(DV)(qt, k, 5, b1);
-    for (int i = 0; i < KP; i++)
-      for (int g = 0; g < NG; g++) e1[i][g] = b0[i][g] + b1[i][g];
-    LANE2_NAME(DV)(qt, k, 3, b0);
-    LANE2_NAME(DV)(qt, k, 7, b1);
-    for (int i = 0; i < KP; i++)
-      for (int g = 0; g < NG; g++) storew(s + 16 * (i0 + i) + W * g, e0[i][g] + (e1[i][g] + (b0[i][g] + b1[i][g])));
+      for (int g = 0; g < NG; g++) storew(s + 16 * (i0 + i) + W * g, e0[i][g] + (e1[i][g] + t[i][g]));
   }
 }
 
@@ -145,7 +148,7 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
         continue;
       }
       vw mv = loadw(s);
-      for (int64_t j = W; j < kpad; j += W) mv = selw(loadw(s + j) > mv, loadw(s + j), mv);
+      for (int64_t j = W; j < kpad; j += W) mv = sel(loadw(s + j) > mv, loadw(s + j), mv);
       float m = mv[0];
       for (int l = 1; l < W; l++) m = mv[l] > m ? mv[l] : m;
       for (int64_t j = 0; j < kpad; j += W) storew(s + j, expw(loadw(s + j) - m));
@@ -181,7 +184,7 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
         for (int i = 0; i < 4; i++)
           for (int h = 0; h < NG; h++) {
             vw x = loadw(s + (j + i) * 16 + W * h);
-            mv[h] = selw(x > mv[h], x, mv[h]);
+            mv[h] = sel(x > mv[h], x, mv[h]);
           }
     }
     if (!nobias) { /* softmax over each lane's keys, as the few queries'; its largest score after the bias */
@@ -191,16 +194,16 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
       for (int64_t j = 0; j < n0; j++)
         for (int h = 0; h < NG; h++) {
           vw x = loadw(s + j * 16 + W * h);
-          mv[h] = selw(x > mv[h], x, mv[h]);
+          mv[h] = sel(x > mv[h], x, mv[h]);
         }
     }
     for (int64_t j = n0 / 4 * 4; j < n; j++)
       for (int h = 0; h < NG; h++) {
-        vw x = selw((iw){0} + (int)j >= lv[h], ninf, loadw(s + j * 16 + W * h));
+        vw x = sel((iw){0} + (int)j >= lv[h], ninf, loadw(s + j * 16 + W * h));
         storew(s + j * 16 + W * h, x);
-        mv[h] = selw(x > mv[h], x, mv[h]);
+        mv[h] = sel(x > mv[h], x, mv[h]);
       }
-    for (int h = 0; h < NG; h++) mv[h] = selw(lv[h] == 0, (vw){0}, mv[h]); /* a padding lane: no keys, weights 0 */
+    for (int h = 0; h < NG; h++) mv[h] = sel(lv[h] == 0, (vw){0}, mv[h]); /* a padding lane: no keys, weights 0 */
     for (int64_t j = 0; j < n; j++) /* the weights, and their sums in key order */
       for (int h = 0; h < NG; h++) {
         vw e = expw(loadw(s + j * 16 + W * h) - mv[h]);

@@ -242,14 +242,11 @@ typedef struct {
 #if VL == 16
 #define expv exp16
 #else
-typedef int ivec __attribute__((vector_size(VL * 4)));
-static inline vec expv(vec x) { return EXP_BITS(x, ivec); }
+static inline vec expv(vec x) { return EXP_BITS(x); }
 #endif
 static inline vec silu(vec g) {
-  typedef int iv __attribute__((vector_size(VL * 4)));
-  iv neg = g < 0, pos = g >= 0;
-  vec e = expv((vec)((neg & (iv)g) | (~neg & (iv)-g))), one = (vec){0} + 1.0f;
-  return g * (vec)((pos & (iv)(one / (one + e))) | (~pos & (iv)(e / (one + e))));
+  vec e = expv(sel(g < 0, g, -g)), one = (vec){0} + 1.0f;
+  return g * sel(g >= 0, one / (one + e), e / (one + e));
 }
 /* MatMulSwiGLU's epilogue for `rows` rows: o[r, j] = silu(g[r, j]) u[r, j], j < n, u = g + PW (the pair's up
  * panel beside its gate panel); gs and os the rows' strides */

@@ -64,7 +64,9 @@ typedef float v16 __attribute__((vector_size(64)));               /* 16 floats *
 typedef float v16u __attribute__((vector_size(64), aligned(4))); /* the same at any float's address */
 typedef int i16 __attribute__((vector_size(64)));
 
-static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (i16)b)); }
+/* a where the mask m is all ones, else b, lane by lane: a and b vectors of floats of any width, m the ints of it
+ * (a comparison's result) */
+#define sel(m, a, b) ((__typeof__(a))(((m) & (__typeof__(m))(a)) | (~(m) & (__typeof__(m))(b))))
 
 /* e^r for |r| <= ln 2 / 2 (r = x - n ln 2, n an integer: Cephes' two-part ln 2), Cephes' expf polynomial; x and
  * n any vector of floats (16 here, 8 in gqa.c's AVX2 build) */
@@ -80,15 +82,15 @@ static inline v16 sel(i16 m, v16 a, v16 b) { return (v16)((m & (i16)a) | (~m & (
   })
 
 /* e^x for x <= 0 with 2^n built in the exponent's bits (adding 1.5 * 2^23 leaves n in the low bits of t); 0
- * below -87.3. x any vector of floats, I the ints of its width. */
-#define EXP_BITS(x, I)                                                                                        \
+ * below -87.3. x any vector of floats. */
+#define EXP_BITS(x)                                                                                           \
   ({                                                                                                          \
     __typeof__(x) x_ = (x), z_ = {0};                                                                         \
-    I under_ = x_ < z_ - 87.3f;                                                                               \
-    x_ = (__typeof__(x))((under_ & (I)(z_ - 87.3f)) | (~under_ & (I)x_));                                     \
+    __typeof__(x_ < z_) under_ = x_ < z_ - 87.3f;                                                             \
+    x_ = sel(under_, z_ - 87.3f, x_);                                                                         \
     __typeof__(x) t_ = x_ * 1.44269504088896341f + 12582912.0f;                                               \
-    __typeof__(x) p_ = EXP_R(x_, t_ - 12582912.0f) * (__typeof__(x))(((I)t_ + (127 - 0x4b400000)) << 23);     \
-    (__typeof__(x))(~under_ & (I)p_);                                                                         \
+    __typeof__(x) p_ = EXP_R(x_, t_ - 12582912.0f) * (__typeof__(x))(((__typeof__(under_))t_ + (127 - 0x4b400000)) << 23); \
+    sel(under_, z_, p_);                                                                                      \
   })
 
 /* exp of 16 floats x <= 0 (a score less its row's largest): 2^n * p(r), n = x / ln 2 rounded to nearest,
@@ -103,6 +105,6 @@ static inline v16 exp16(v16 x) {
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return (v16)_mm512_maskz_scalef_ps(~under, (__m512)EXP_R(x, (v16)n), n);
 #else
-  return EXP_BITS(x, i16);
+  return EXP_BITS(x);
 #endif
 }
