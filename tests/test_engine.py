@@ -197,7 +197,7 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
 
 def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path, monkeypatch):
     """Where the guard has measured speculation at some batch size (>= 3 rows) and even the best k would not pay,
-    a larger batch size drafts nothing either, without a first try of its own (the fused graphs run every B, and
+    the other batch sizes of its built one draft nothing either, without a first try of its own (the fused graphs run every B, and
     a try at each cost a burst 8%, engine._spec_measured): three requests decode and draft once at 3 rows, a
     fourth arrives and the 4-row steps draft nothing (the retries after PROBE_STEPS priced-out steps left off:
     test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin); the tokens are the solo ones."""
@@ -223,6 +223,11 @@ def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path, monkeypatch):
     assert [c.wait(1).token_ids for c in cs] == want
     assert eng.counters["batch"].get(4), eng.counters
     assert runs.count(3) >= 1 and runs.count(4) == 0, (runs, eng.counters)
+    # a measurement at any B of a built batch size stands for all of its Bs (3..4 here), not for another's
+    eng.payoff.steps = {4: 1}
+    assert eng._spec_measured(3) and eng._spec_measured(4) and not eng._spec_measured(2)
+    eng.payoff.steps = {2: 1}
+    assert not eng._spec_measured(3)
     pipe.close(10)
 
 
@@ -802,9 +807,10 @@ def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
 
 def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     """Where every k is priced out at a guarded B (`_model_k` 0), the step after PROBE_STEPS such steps drafts
-    the best k anyway, so the draft calls, verify calls and rates that priced it out are measured again; a retry
+    the best k anyway (steps at any B of one built batch size counted together), so the draft calls, verify calls
+    and rates that priced it out are measured again; a retry
     that is priced out again doubles the wait, one that is not resets it. Where the prices put drafting far
-    below plain the first wait is that gap over PROBE_LOSS steps. Between ks that pay, the choice leaves the k
+    below plain the first wait is the plain steps a retry loses over PROBE_LOSS. Between ks that pay, the choice leaves the k
     it chose last at that B only for one expected to deliver K_MARGIN more tokens per second."""
     from specexport.runtime import engine as E
     from specexport.runtime.costs import chain_tokens
@@ -820,12 +826,18 @@ def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     for ratio in (0.97, 0.5):  # drafting's tokens per second over plain's: just below, far below
         eng.priced_out.clear()
         eng.costs.seen = {(4, 1): 1.0, **{(4, T): longest / ratio for T in ts}}
-        wait = max(E.PROBE_STEPS, round((1 - ratio) / E.PROBE_LOSS))
+        # a retry loses 1 - ratio of its step, which is longest / ratio plain steps long
+        wait = max(E.PROBE_STEPS, round((1 - ratio) * longest / ratio / E.PROBE_LOSS))
         ks = [eng._model_k(auto, 4) for _ in range(3 * wait)]
         first, second = wait - 1, 3 * wait - 1  # the retries: after `wait` steps, then after twice as many
         assert [i for i, k in enumerate(ks) if k] == [first, second], ratio
         assert ks[first] == ks[second] == ts[-1] - 1
-    assert wait == 50  # the far gap waited longer than PROBE_STEPS
+    assert wait >= 100  # the far gap waited longer than PROBE_STEPS: 0.5 of a step of 2+ plain steps, over 0.01
+    # the steps priced out at 3 rows and at 4 (one built batch size, --batch 1,2,4,8) count towards one wait
+    eng.priced_out.clear()
+    eng.costs.seen = {(B, T): 1.0 if T == 1 else longest / 0.97 for B in (3, 4) for T in [1] + ts}
+    ks = [eng._model_k(auto, 3 + i % 2) for i in range(2 * E.PROBE_STEPS)]
+    assert [i for i, k in enumerate(ks) if k] == [E.PROBE_STEPS - 1]
     for s in auto:
         s.chain_hits = 0.95  # now any k pays: the wait is reset
     assert eng._model_k(auto, 4) > 0 and 4 not in eng.priced_out

@@ -272,6 +272,13 @@ def test_step_costs_prices_unmeasured_calls_from_measured_ones():
     # the batch's expected tokens per second decide T: 8 rows each expecting 1.6 tokens from T=5 lose to T=1
     assert c.best(8, [1, 5], lambda T: 8 * (1.6 if T == 5 else 1.0)) == 1
     assert c.best(1, [1, 5], lambda T: 1.6 if T == 5 else 1.0) == 5
+    # a B between two measured ones of its T: the line in B between them, whatever the fit through all says
+    d = StepCosts()
+    for B, ms in ((1, 4.2), (4, 8.8), (8, 20.0), (16, 70.0)):  # faster than a line: the fit's intercept < 0
+        d.update(B, 1, ms / 1000)
+    assert abs(d.cost(7, 1) - (8.8 + (20.0 - 8.8) * 3 / 4) / 1000) < 1e-9
+    assert abs(d.cost(12, 1) - 0.045) < 1e-9
+    assert d.cost(32, 1) == 0.070  # above every measured B: the scaled one-row call (11 ms), but never below 16 rows'
 
 
 def test_option_literals_have_one_home():

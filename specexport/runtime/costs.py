@@ -2,10 +2,14 @@
 calls not measured yet. The one step-cost model of the runtime (the tree sizer, adaptive k and the engine's
 choice of T per step all price calls here).
 
-Prior for a call not measured yet: once calls of two or more sizes are measured, the least-squares line
-seconds = a + b * rows through them (rows = B*T); before that, the cheapest measured call scaled by 1 + 0.05
-per extra row (on 2-core CPUs one extra row of a SmolLM2 call costs 4-10% of a one-row call,
-docs/benchmarks.md).
+Prior for a call not measured yet: between two measured calls of the same T, one of fewer rows and one of more,
+the straight line in B between the nearest two (the batching engine runs every B on the fused graphs, and warms
+only the built ones); else, once calls of two or more sizes are measured, the least-squares line seconds = a +
+b * rows through them (rows = B*T) where its a and b are positive; else the cheapest measured call scaled by
+1 + 0.05 per extra row (on 2-core CPUs one extra row of a SmolLM2 call costs 4-10% of a one-row call,
+docs/benchmarks.md); the last two never below a measured call of as many rows or fewer. The int4 self-draft's B-row calls on an AVX2-only CPU grow faster than a line (4.2, 8.8, 20
+ms at 1, 4, 8 rows): no positive intercept, and the scaled one-row call priced 7 rows at 5.5 ms against ~22
+measured, so 7- and 6-row steps drafted where the 8-row ones were priced out (2026-12-06, `epyc-zen3`).
 """
 from __future__ import annotations
 
@@ -29,10 +33,12 @@ class StepCosts:
     def __init__(self, smoothing: float = 0.2):
         self.smoothing = smoothing
         self.seen: dict = {}  # (B, T) -> seconds (exponential moving average)
+        self._prior = None  # (a, b, one) of the prior below, from `seen` as it is; None after an update
 
     def update(self, B: int, T: int, seconds: float) -> None:
         old = self.seen.get((B, T))
         self.seen[(B, T)] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self._prior = None
 
     def cost(self, B: int, T: int) -> float:
         c = self.seen.get((B, T))
@@ -40,14 +46,31 @@ class StepCosts:
             return c
         if not self.seen:
             return 1 + ROW * (B * T - 1)
+        lo = max((b for b, t in self.seen if t == T and b < B), default=None)
+        hi = min((b for b, t in self.seen if t == T and b > B), default=None)
+        if lo is not None and hi is not None:
+            c0, c1 = self.seen[(lo, T)], self.seen[(hi, T)]
+            return c0 + (c1 - c0) * (B - lo) / (hi - lo)
+        # the prior's fit, made once per update: the engine prices ~5 unmeasured shapes per step (the batch sizes
+        # between the built ones, and the draft's), and a fit per price was ~0.7 ms of a ~35 ms 8-row step of
+        # SmolLM2 (np.polyfit, 2026-12-06, `epyc-zen3`)
+        if self._prior is None:
+            self._prior = self._fit()
+        a, b, one = self._prior
+        prior = a + b * B * T if b > 0 and a > 0 else one * (1 + ROW * (B * T - 1))
+        return max([prior] + [c for (x, t), c in self.seen.items() if x * t <= B * T])  # never below fewer rows
+
+    def _fit(self) -> tuple:
+        """(a, b) of the least-squares line seconds = a + b * rows through the measured calls (0, 0 while they
+        are of one size), and a one-row call's seconds estimated from the cheapest of them."""
         rows = np.array([b * t for b, t in self.seen], dtype=float)
         secs = np.array(list(self.seen.values()))
-        if len(set(rows)) >= 2:  # calls of two or more sizes measured: a line through them, seconds = a + b * rows
-            b, a = np.polyfit(rows, secs, 1)
-            if b > 0 and a > 0:
-                return a + b * B * T
-        one = float(np.min(secs / (1 + ROW * (rows - 1))))  # a one-row call, estimated
-        return one * (1 + ROW * (B * T - 1))
+        one = float(np.min(secs / (1 + ROW * (rows - 1))))
+        if np.ptp(rows) == 0:
+            return 0.0, 0.0, one
+        x = rows - rows.mean()
+        b = float(x @ (secs - secs.mean()) / (x @ x))
+        return float(secs.mean()) - b * float(rows.mean()), b, one
 
     def best(self, B: int, ts, expected) -> int:
         """The T of `ts` with the most expected tokens per second: expected(T) / cost(B, T)."""

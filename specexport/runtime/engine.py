@@ -67,10 +67,13 @@ WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_c
 # ~4.5 ms steady) and a stretch of misses priced 4 rows out of drafting on 167 of a burst's 229 steps, and
 # with no drafts nothing measured them again (2026-12-06, `xeon-m207`, the first burst on a fresh engine)
 PROBE_STEPS, PROBE_DOUBLINGS = 8, 4
-# ... and, where the prices put drafting far below plain, after more steps: a retry costs about that gap (at 8 rows
-# on an AVX2-only CPU a k = 4 step delivered 0.63x plain's tokens per second, and the retries every 8 to 128
-# steps were ~4 of a 256-step burst's 3-5% behind plain, 2026-12-06, `epyc-zen3`), so the first wait is the gap
-# over PROBE_LOSS steps when that is longer: the retries then cost about PROBE_LOSS of the steps at B
+# ... and, where the prices put drafting far below plain, after more steps: a retry loses the gap times its own
+# length, (1 - drafting's / plain's tokens per second) * (its call and draft calls) / (a plain call), in plain
+# steps (at 8 rows on an AVX2-only CPU a k = 2 step took ~110 ms, 3.1 plain steps, and delivered ~0.75x plain's
+# tokens per second: ~0.8 plain steps lost per retry), so the first wait is that loss over PROBE_LOSS when that
+# is longer: the retries then cost about PROBE_LOSS of the steps. The wait counts the steps priced out at any B of
+# one built batch size (5..8 of --batch 4,8 is one): a burst's tail decodes at 8, 7, 6 rows in turn, and waits
+# kept per B retried at each (2026-12-06, `epyc-zen3`)
 PROBE_LOSS = 0.01
 # the choice of k at a B leaves the k it chose last there only for one expected to deliver this much more per
 # second: at 4 rows the expectations of k = 2 and k = 4 were within a few percent of each other on most steps,
@@ -224,7 +227,8 @@ class Engine:
         # chain drafter's type -> decayed sums over its verified chains of the tokens they emitted, of what the
         # geometric law at each request's running rate expected of them, of the law's slope there, and the steps
         self.rate_fit: dict = {}
-        self.priced_out: dict = {}  # B -> [steps priced out since the last retry, retries priced out in a row]
+        # built batch size -> [steps priced out at its Bs since the last retry, retries priced out in a row]
+        self.priced_out: dict = {}
         self.last_T: dict = {}  # B -> the T that `_model_k` chose last at B
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -668,14 +672,13 @@ class Engine:
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
         rate^k over them (rate: each one's running acceptance plus the drafter's `_rate_offset`), per second of
         the target's (B, T) call plus the k shared draft calls (both measured); at least 1, so that the
-        acceptance keeps being measured, except where the guard acts (B >= Payoff.MIN_ROWS) and has measured this B or a smaller one of its class (`_spec_measured`)
-        since its last pause: there 0 when
-        even the best k delivers fewer tokens per second than a plain call, whose drafts the choice of T would
-        then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
+        acceptance keeps being measured, except where the guard acts (B >= Payoff.MIN_ROWS) and has measured a B of
+        B's built batch size since its last pause (`_spec_measured`): there 0 when even the best k delivers fewer
+        tokens per second than a plain call, whose drafts the choice of T would then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
         against a ~22 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
         after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured;
-        so does every step after PROBE_STEPS priced out at B, or after (1 - best / plain) / PROBE_LOSS steps where
-        that is more (doubling while the retries are priced out too).
+        so does every step after PROBE_STEPS priced out at B's built batch size, or after the plain steps a retry
+        loses over PROBE_LOSS where that is more (doubling while the retries are priced out too).
         Between ks that pay, the choice keeps the T it chose last at B unless another is K_MARGIN ahead."""
         if not auto:
             return 0
@@ -691,26 +694,31 @@ class Engine:
             best = last
         self.last_T[B] = best
         plain = len(auto) / self.costs.cost(B, 1)
+        cls = next((b for b in self.target.batch_sizes if b >= B), B)  # the built batch size B runs in
         if self._spec_measured(B) and ts and gain[best] <= plain:
-            out = self.priced_out.setdefault(B, [0, 0])
+            out = self.priced_out.setdefault(cls, [0, 0])
             out[0] += 1
-            wait = max(PROBE_STEPS, round((1 - gain[best] / plain) / PROBE_LOSS))
+            steps = (self.costs.cost(B, best) + (best - 1) * dc) / self.costs.cost(B, 1)  # a retry's, in plain steps
+            wait = max(PROBE_STEPS, round((1 - gain[best] / plain) * steps / PROBE_LOSS))
             if out[0] < wait << min(out[1], PROBE_DOUBLINGS):
                 return 0
             out[:] = [0, out[1] + 1]  # a retry: this step drafts
         else:
-            self.priced_out.pop(B, None)
+            self.priced_out.pop(cls, None)
         return best - 1
 
     def _spec_measured(self, B: int) -> bool:
-        """Whether the guard has measured speculation since its last pause at B or at a smaller B of the same
-        built batch size (B = 9..16 of --batch 8,16 are one class, 5..8 another): then the choice of k at B may
-        be 0 without a try of its own. The fused graphs run every B up to the largest built, and a burst of 16
-        requests decodes at each B from 8 to 16 in turn: a first try of k >= 1 at each (a (16, 3) call and two
-        draft calls, ~81 ms against a 28 ms plain one) cost k = "auto" 2% against plain there (2026-12-05,
-        `xeon-m207`); across classes each keeps its own try (one "no" at 3 rows is not taken for 4 or 8)."""
-        built = [b for b in self.target.batch_sizes if b < B]
-        return any(self.payoff.measured(b) for b in range(max(Payoff.MIN_ROWS, built[-1] + 1 if built else 1), B + 1))
+        """Whether the guard has measured speculation since its last pause at any B of B's built batch size (B =
+        9..16 of --batch 8,16 are one, 5..8 another): then the choice of k at B may be 0 without a try of its own.
+        The fused graphs run every B up to the largest built, and a burst of 16 requests decodes at each B from 8
+        to 16 in turn: a first try of k >= 1 at each (a (16, 3) call and two draft calls, ~81 ms against a 28 ms
+        plain one) cost k = "auto" 2% against plain there (2026-12-05, `xeon-m207`); its tail decodes at 8, 7, 6
+        rows in turn, and a try at each of those was ~4 of a burst's ~12 retries (2026-12-06, `epyc-zen3`). Across
+        built sizes each keeps its own try (one "no" at 3 rows is not taken for 8)."""
+        built = self.target.batch_sizes
+        lo = max([b for b in built if b < B], default=0) + 1
+        hi = next((b for b in built if b >= B), B)
+        return any(self.payoff.measured(b) for b in range(max(Payoff.MIN_ROWS, lo), hi + 1))
 
     def _drafts(self, dec: list[Sequence], room) -> list[Tree]:
         """Each request's draft tree (`_draft` with room(request)); a request whose drafter raises ends alone
