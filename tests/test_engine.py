@@ -197,10 +197,11 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
 
 def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path, monkeypatch):
     """Where the guard has measured speculation at some batch size (>= 3 rows) and even the best k would not pay,
-    the other batch sizes of its built one draft nothing either, without a first try of its own (the fused graphs run every B, and
-    a try at each cost a burst 8%, engine._spec_measured): three requests decode and draft once at 3 rows, a
-    fourth arrives and the 4-row steps draft nothing (the retries after PROBE_STEPS priced-out steps left off:
-    test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin); the tokens are the solo ones."""
+    the other batch sizes of its built one draft nothing either, without a first try of their own (the fused
+    graphs run every B, and a try at each cost a burst 8%, engine._spec_measured): three requests decode and
+    draft once at 3 rows, a fourth arrives and the 4-row steps draft nothing (the retries after PROBE_STEPS
+    priced-out steps left off: test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin); the tokens are the
+    solo ones."""
     from specexport.runtime import engine as E
 
     monkeypatch.setattr(E, "PROBE_STEPS", 10 ** 6)
@@ -808,10 +809,10 @@ def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
 def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     """Where every k is priced out at a guarded B (`_model_k` 0), the step after PROBE_STEPS such steps drafts
     the best k anyway (steps at any B of one built batch size counted together), so the draft calls, verify calls
-    and rates that priced it out are measured again; a retry
-    that is priced out again doubles the wait, one that is not resets it. Where the prices put drafting far
-    below plain the first wait is the plain steps a retry loses over PROBE_LOSS. Between ks that pay, the choice leaves the k
-    it chose last at that B only for one expected to deliver K_MARGIN more tokens per second."""
+    and rates that priced it out are measured again; a retry that is priced out again doubles the wait, one that
+    is not resets it. Where the prices put drafting far below plain the first wait is the plain steps a retry
+    loses over PROBE_LOSS. Between ks that pay, the choice leaves the k it chose last at that B only for one
+    expected to deliver K_MARGIN more tokens per second."""
     from specexport.runtime import engine as E
     from specexport.runtime.costs import chain_tokens
     from specexport.runtime.drafters import RowDraft

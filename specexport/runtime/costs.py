@@ -7,9 +7,10 @@ the straight line in B between the nearest two (the batching engine runs every B
 only the built ones); else, once calls of two or more sizes are measured, the least-squares line seconds = a +
 b * rows through them (rows = B*T) where its a and b are positive; else the cheapest measured call scaled by
 1 + 0.05 per extra row (on 2-core CPUs one extra row of a SmolLM2 call costs 4-10% of a one-row call,
-docs/benchmarks.md); the last two never below a measured call of as many rows or fewer. The int4 self-draft's B-row calls on an AVX2-only CPU grow faster than a line (4.2, 8.8, 20
-ms at 1, 4, 8 rows): no positive intercept, and the scaled one-row call priced 7 rows at 5.5 ms against ~22
-measured, so 7- and 6-row steps drafted where the 8-row ones were priced out (2026-12-06, `epyc-zen3`).
+docs/benchmarks.md); the last two never below a measured call of as many rows or fewer. The int4 self-draft's
+B-row calls on an AVX2-only CPU grow faster than a line (4.2, 8.8, 20 ms at 1, 4, 8 rows): no positive
+intercept, and the scaled one-row call priced 7 rows at 5.5 ms against ~22 measured, so 7- and 6-row steps
+drafted where the 8-row ones were priced out (2026-12-06, `epyc-zen3`).
 """
 from __future__ import annotations
 

@@ -553,7 +553,7 @@ class Engine:
         dec = [s for s in dec if s in self._active]  # one whose drafter failed there has ended
         # nothing to verify when every request drafts with the model or not at all and the model proposed nothing
         # (priced out): a plain step, without the trees and the choice of T (~0.5 ms of a ~35 ms 8-row step)
-        plain = paused or all(s.drafter is None or isinstance(s.drafter, RowDraft) and not s.drafter.props
+        plain = paused or all(s.drafter is None or (isinstance(s.drafter, RowDraft) and not s.drafter.props)
                               for s in dec)
         # drafts beyond max_new_tokens - emitted - 1 could not be emitted; none when the call cannot verify
         trees = self._drafts(dec, lambda s: s.cfg.max_new_tokens - s.emitted - 1 if verify and not plain else 0)
@@ -678,8 +678,9 @@ class Engine:
         the target's (B, T) call plus the k shared draft calls (both measured); at least 1, so that the
         acceptance keeps being measured, except where the guard acts (B >= Payoff.MIN_ROWS) and has measured a B of
         B's built batch size since its last pause (`_spec_measured`): there 0 when even the best k delivers fewer
-        tokens per second than a plain call, whose drafts the choice of T would then not verify (a step that drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms
-        against a ~22 ms plain call, for nothing). The guard's retries (its first step at a B, and the first
+        tokens per second than a plain call, whose drafts the choice of T would then not verify (a step that
+        drafts k = 2 for 8 rows and runs T = 1 pays two draft calls, ~16 ms against a ~22 ms plain call, for
+        nothing). The guard's retries (its first step at a B, and the first
         after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured;
         so does every step after PROBE_STEPS priced out at B's built batch size, or after the plain steps a retry
         loses over PROBE_LOSS where that is more (doubling while the retries are priced out too).
@@ -698,7 +699,7 @@ class Engine:
             best = last
         self.last_T[B] = best
         plain = len(auto) / self.costs.cost(B, 1)
-        cls = next((b for b in self.target.batch_sizes if b >= B), B)  # the built batch size B runs in
+        cls = self._built(B)
         if self._spec_measured(B) and ts and gain[best] <= plain:
             out = self.priced_out.setdefault(cls, [0, 0])
             out[0] += 1
@@ -719,10 +720,12 @@ class Engine:
         plain one) cost k = "auto" 2% against plain there (2026-12-05, `xeon-m207`); its tail decodes at 8, 7, 6
         rows in turn, and a try at each of those was ~4 of a burst's ~12 retries (2026-12-06, `epyc-zen3`). Across
         built sizes each keeps its own try (one "no" at 3 rows is not taken for 8)."""
-        built = self.target.batch_sizes
-        lo = max([b for b in built if b < B], default=0) + 1
-        hi = next((b for b in built if b >= B), B)
-        return any(self.payoff.measured(b) for b in range(max(Payoff.MIN_ROWS, lo), hi + 1))
+        lo = max([b for b in self.target.batch_sizes if b < B], default=0) + 1
+        return any(self.payoff.measured(b) for b in range(max(Payoff.MIN_ROWS, lo), self._built(B) + 1))
+
+    def _built(self, B: int) -> int:
+        """The built batch size a call of B rows runs in: the smallest built one >= B."""
+        return next((b for b in self.target.batch_sizes if b >= B), B)
 
     def _drafts(self, dec: list[Sequence], room) -> list[Tree]:
         """Each request's draft tree (`_draft` with room(request)); a request whose drafter raises ends alone
