@@ -166,6 +166,13 @@ def test_bench_concurrency_poisson_and_refusals(bundle_noisy, tmp_path, capsys):
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert len(records) == 9 and all(r["identical"] for r in records)
     assert records[0]["submit_s"] < records[2]["submit_s"]  # arrivals spread in time
+    assert [r["question_id"] for r in records[:3]] == [0, 1, 0]  # 3 requests over the 2 questions, in turn
+    # fewer requests than questions: the levels and the solo reference run the same first ones
+    assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--max-new-tokens", "4", "--concurrency", "1",
+                 "--requests", "1", "--methods", "se-none", "--out", str(tmp_path / "one")]) == 0
+    run = json.loads((tmp_path / "one" / "config.json").read_text())["run"]
+    records = [json.loads(x) for x in (tmp_path / "one" / "records.jsonl").read_text().splitlines()]
+    assert run["solo_prompts"] == 1 and [r["question_id"] for r in records] == [0]
     for argv, msg in [(["--arrival", "poisson"], "--rate"), (["--methods", "hf"], "does not run under --concurrency")]:
         assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--concurrency", "1", "--out",
                      str(tmp_path / "o"), *argv]) == 2
