@@ -547,7 +547,7 @@ class Engine:
         paused = any(s.cfg.adaptive for s in dec) and not self.payoff.allows(B)
         apart = ride is None and self.groups and 2 <= len(dec) <= self.groups + 1 and not verify
         if self.drafts is not None:
-            self._model_drafts(dec, B, apart or (verify and not paused))
+            self._model_drafts(dec, B, apart or (verify and not paused), ride is not None)
         if apart and self._verify_apart(dec):
             return
         dec = [s for s in dec if s in self._active]  # one whose drafter failed there has ended
@@ -643,7 +643,7 @@ class Engine:
                 self._retire(s, "error", e)
         return True
 
-    def _model_drafts(self, dec: list[Sequence], B: int, verifies: bool) -> None:
+    def _model_drafts(self, dec: list[Sequence], B: int, verifies: bool, ride: bool = False) -> None:
         """The draft model's proposals for this step's requests with draft="model", all in shared calls
         (PoolDrafts.run), before anyone builds a tree (`_draft` reads them); none when the step can verify
         nothing (`verifies` False: a fused B > 1 call decodes T = 1 only and no verify apart is possible), so
@@ -656,7 +656,7 @@ class Engine:
             s.drafter.props = []
         if not want or not verifies:
             return
-        auto = self._model_k([s for s in want if s.cfg.adaptive], B)
+        auto = self._model_k([s for s in want if s.cfg.adaptive], B, ride)
         if not auto:  # priced out: as a chain offered and not verified would (CHAIN_PRIOR_PULL), their rates drift
             for s in want:  # to the drafter's pooled acceptance, so they are tried again, not frozen at k = 0
                 if s.cfg.adaptive:
@@ -671,7 +671,7 @@ class Engine:
             for s, _ in pairs:
                 s.c.generation.stats.draft_s += spent / len(pairs)
 
-    def _model_k(self, auto: list[Sequence], B: int) -> int:
+    def _model_k(self, auto: list[Sequence], B: int, ride: bool = False) -> int:
         """The draft length this step for the requests drafting with the model and k="auto": the k of the built
         verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
         rate^k over them (rate: each one's running acceptance plus the drafter's `_rate_offset`), per second of
@@ -684,8 +684,12 @@ class Engine:
         after each pause, which doubles while they fail) still draft, so the rates and costs keep being measured;
         so does every step after PROBE_STEPS priced out at B's built batch size, or after the plain steps a retry
         loses over PROBE_LOSS where that is more (doubling while the retries are priced out too).
-        Between ks that pay, the choice keeps the T it chose last at B unless another is K_MARGIN ahead."""
-        if not auto:
+        Between ks that pay, the choice keeps the T it chose last at B unless another is K_MARGIN ahead.
+        A first try waits for a step without a riding prefill chunk (`ride`): the guard measures only those, so a
+        try in a ride measured nothing and the next step tried again (under Poisson arrivals at 8 requests, 4 of
+        7 drafting steps at B >= 3 were such tries in rides, 104-224 ms against 30-122 ms for rides at the same B
+        without drafts, 2026-12-06, `epyc-zen3`)."""
+        if not auto or (ride and B >= Payoff.MIN_ROWS and not self._spec_measured(B)):
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
