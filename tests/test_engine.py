@@ -807,18 +807,21 @@ def test_a_draft_priced_out_is_tried_again(bundle_portable, monkeypatch):
 
 
 def test_a_first_try_waits_for_a_step_without_a_ride(bundle_portable):
-    """At a guarded B not measured yet, a step that carries a riding prefill chunk drafts nothing (the guard
-    measures only steps without one, so a try there would be tried again); the next step without one tries.
-    Once measured, and below the guarded sizes, rides draft as other steps do."""
+    """At a guarded B not measured yet, where the prices say no k pays, a step that carries a riding prefill chunk
+    drafts nothing (the guard measures only steps without one, so a try there would be tried again) and the next
+    step without one tries; where they say one pays, and once measured, and below the guarded sizes, rides draft
+    as other steps do."""
     pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
-    eng.costs.seen = {(B, T): 1.0 for B in (1, 2, 3, 4) for T in [1] + ts}  # every k pays
     for s in auto:
         s.chain_hits, s.chain_tries = 0.9, 1.0
-    assert not eng._spec_measured(4)
-    assert eng._model_k(auto, 4, ride=True) == 0
-    assert eng._model_k(auto, 4) > 0
-    assert eng._model_k(auto, 2, ride=True) > 0  # below Payoff.MIN_ROWS nothing is guarded
+    for verify_cost, ride_k in ((8.0, False), (1.0, True)):  # 8x a plain call: not even k + 1 tokens a row pay
+        eng.costs.seen = {(B, T): 1.0 if T == 1 else verify_cost for B in (1, 2, 3, 4) for T in [1] + ts}
+        eng.payoff.steps = {}
+        assert not eng._spec_measured(4)
+        assert (eng._model_k(auto, 4, ride=True) > 0) == ride_k, verify_cost
+        assert eng._model_k(auto, 4) > 0  # the first try
+        assert eng._model_k(auto, 2, ride=True) > 0  # below Payoff.MIN_ROWS nothing is guarded
     eng.payoff.steps = {4: 1}
     assert eng._model_k(auto, 4, ride=True) > 0
     for c in cs:

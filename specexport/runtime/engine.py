@@ -685,11 +685,12 @@ class Engine:
         so does every step after PROBE_STEPS priced out at B's built batch size, or after the plain steps a retry
         loses over PROBE_LOSS where that is more (doubling while the retries are priced out too).
         Between ks that pay, the choice keeps the T it chose last at B unless another is K_MARGIN ahead.
-        A first try waits for a step without a riding prefill chunk (`ride`): the guard measures only those, so a
-        try in a ride measured nothing and the next step tried again (under Poisson arrivals at 8 requests, 4 of
-        7 drafting steps at B >= 3 were such tries in rides, 104-224 ms against 30-122 ms for rides at the same B
-        without drafts, 2026-12-06, `epyc-zen3`)."""
-        if not auto or (ride and B >= Payoff.MIN_ROWS and not self._spec_measured(B)):
+        A first try that the prices say will not pay waits for a step without a riding prefill chunk (`ride`):
+        the guard measures only those, so a try in a ride measured nothing and the next step tried again (under
+        Poisson arrivals at 8 requests, 4 of 7 drafting steps at B >= 3 were such tries in rides, 104-224 ms
+        against 30-122 ms for rides at the same B without drafts, 2026-12-06, `epyc-zen3`); one the prices say
+        will pay drafts in a ride too."""
+        if not auto:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
@@ -704,7 +705,10 @@ class Engine:
         self.last_T[B] = best
         plain = len(auto) / self.costs.cost(B, 1)
         cls = self._built(B)
-        if self._spec_measured(B) and ts and gain[best] <= plain:
+        measured = self._spec_measured(B)
+        if ride and B >= Payoff.MIN_ROWS and not measured and ts and gain[best] <= plain:
+            return 0
+        if measured and ts and gain[best] <= plain:
             out = self.priced_out.setdefault(cls, [0, 0])
             out[0] += 1
             steps = (self.costs.cost(B, best) + (best - 1) * dc) / self.costs.cost(B, 1)  # a retry's, in plain steps
