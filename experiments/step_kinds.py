@@ -5,9 +5,11 @@ the part of it outside the target's batched call (host work and draft calls; a r
 --trace, every step of B >= 3 that drafted: the prices it was chosen on and the requests' running rates.
 
     python experiments/step_kinds.py BUNDLE [--level 8] [--requests 16] [--new 128] [--rounds 1] [--trace]
+        [--rate R]  (Poisson arrivals at R requests per second; default a burst)
 """
 import argparse
 import collections
+import random
 import time
 
 import specexport
@@ -21,6 +23,7 @@ ap.add_argument("--requests", type=int, default=16)
 ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--rounds", type=int, default=1)
 ap.add_argument("--trace", action="store_true")
+ap.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals at this many requests per second (0: a burst)")
 a = ap.parse_args()
 
 pipe = specexport.load(a.bundle, threads=2)
@@ -29,8 +32,8 @@ steps, state = [], {"k": None, "call_s": 0.0, "trace": False}
 model_k, decode, step_batch = Engine._model_k, Engine._decode, pipe.target.step_batch
 
 
-def traced_model_k(self, auto, B):
-    k = model_k(self, auto, B)
+def traced_model_k(self, auto, B, *rest):
+    k = model_k(self, auto, B, *rest)
     state["k"] = k if auto else None  # fixed k: nobody asks for a choice
     if k and B >= 3 and state["trace"]:
         dc = self.drafts.costs.cost(B, 1)
@@ -64,7 +67,13 @@ for r in range(a.rounds):
         steps.clear()
         state["trace"] = a.trace and name == "auto"
         t = time.perf_counter()
-        toks = [c.wait(900).token_ids for c in [pipe.submit(p, max_new_tokens=a.new, **opts) for p in prompts]]
+        rnd = random.Random(r)
+        cs = []
+        for p in prompts:
+            cs.append(pipe.submit(p, max_new_tokens=a.new, **opts))
+            if a.rate:
+                time.sleep(rnd.expovariate(a.rate))
+        toks = [c.wait(900).token_ids for c in cs]
         wall = time.perf_counter() - t
         print(f"round {r} {name}: {sum(map(len, toks)) / wall:.1f} tokens/s, {len(steps)} decode steps")
         kinds = collections.defaultdict(list)
