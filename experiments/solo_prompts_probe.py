@@ -10,7 +10,8 @@ from specexport.bench.config import find_questions, questions
 pipe = specexport.load(sys.argv[1], threads=2)
 qs = questions(find_questions(None), 4)
 prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
-print(len(prompts), "prompts; lengths first 16 mean", sum(map(len, prompts[:16])) / 16, "all mean", sum(map(len, prompts)) / len(prompts))
+print(len(prompts), "prompts; mean prompt tokens: the first 16", sum(map(len, prompts[:16])) / 16,
+      "all", sum(map(len, prompts)) / len(prompts))
 pipe.start_engine(max_batch=1)
 pipe.generate(prompts[0][:16], max_new_tokens=2, draft="none")
 def solo(ps):
@@ -26,4 +27,5 @@ def engine(ps):
     return n / (time.perf_counter() - t)
 for r in range(2):
     a, pa = solo(prompts[:16]); e = engine(prompts[:16]); b, pb = solo(prompts)
-    print(f"round {r}: solo first 16 {a:.1f} tok/s (prefill {pa:.0%} of wall), engine max_batch=1 first 16 {e:.1f}, solo all 52 {b:.1f} (prefill {pb:.0%})", flush=True)
+    print(f"round {r}: solo first 16 {a:.1f} tok/s (prefill {pa:.0%} of wall), engine max_batch=1 first 16 {e:.1f}, "
+          f"solo all 52 {b:.1f} (prefill {pb:.0%})", flush=True)

@@ -23,7 +23,8 @@ ap.add_argument("--requests", type=int, default=16)
 ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--rounds", type=int, default=1)
 ap.add_argument("--trace", action="store_true")
-ap.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals at this many requests per second (0: a burst)")
+ap.add_argument("--rate", type=float, default=0.0,
+                help="Poisson arrivals at this many requests per second (0: a burst)")
 a = ap.parse_args()
 
 pipe = specexport.load(a.bundle, threads=2)
@@ -80,5 +81,6 @@ for r in range(a.rounds):
         for B, k, paused, ride, s, call in steps:
             kinds[(B, k, paused, ride)].append((s, s - call))
         for (B, k, paused, ride), xs in sorted(kinds.items(), key=str):
-            print(f"    B {B} k {k} paused {paused} ride {ride}: {len(xs)} steps, {1000 * sum(x for x, _ in xs) / len(xs):.1f} ms,"
+            print(f"    B {B} k {k} paused {paused} ride {ride}: {len(xs)} steps, "
+                  f"{1000 * sum(x for x, _ in xs) / len(xs):.1f} ms,"
                   f" outside the target's call {1000 * sum(h for _, h in xs) / len(xs):.2f} ms")

@@ -684,11 +684,11 @@ class Engine:
         they fail) still draft, so the rates and costs keep being measured; so does every step after PROBE_STEPS
         priced out at B's built batch size, or after the plain steps a retry loses over PROBE_LOSS where that is
         more (doubling while the retries are priced out too). Between ks that pay, the choice keeps the T it chose
-        last at B unless another is K_MARGIN ahead. A first try that the prices say will not pay waits for a step without a riding prefill chunk (`ride`):
-        the guard measures only those, so a try in a ride measured nothing and the next step tried again (under
-        Poisson arrivals at 8 requests, 4 of 7 drafting steps at B >= 3 were such tries in rides, 104-224 ms
-        against 30-122 ms for rides at the same B without drafts, 2026-12-06, `epyc-zen3`); one the prices say
-        will pay drafts in a ride too."""
+        last at B unless another is K_MARGIN ahead. A first try that the prices say will not pay waits for a step
+        without a riding prefill chunk (`ride`): the guard measures only those, so a try in a ride measured nothing
+        and the next step tried again (under Poisson arrivals at 8 requests, 4 of 7 drafting steps at B >= 3 were
+        such tries in rides, 104-224 ms against 30-122 ms for rides at the same B without drafts, 2026-12-06,
+        `epyc-zen3`); one the prices say will pay drafts in a ride too."""
         if not auto:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
