@@ -24,21 +24,29 @@ static inline void PV_NAME(DV)(const float *w, int64_t si, int64_t sj, int64_t c
   float z[PB] = {0};
   for (int64_t j = 0; j < n; j++)
     for (int r = 0; r < PB; r++) z[r] += w[r * si + j * sj];
-  for (int64_t c0 = 0; c0 < D / W; c0 += CW) {
-    vw a[PB][CW];
-    for (int r = 0; r < PB; r++)
-      for (int64_t c = 0; c < CW; c++) a[r][c] = (vw){0};
-    for (int64_t j = 0; j < n; j++) {
-      vw wr[PB];
-      for (int r = 0; r < PB; r++) wr[r] = (vw){0} + w[r * si + j * sj];
-      for (int64_t c = 0; c < CW; c++) {
-        vw v = loadw(V + j * D + W * (c0 + c));
-        for (int r = 0; r < PB; r++) a[r][c] += wr[r] * v;
+  vw acc[PB][D / W];
+  for (int r = 0; r < PB; r++)
+    for (int64_t c = 0; c < D / W; c++) acc[r][c] = (vw){0};
+  for (int64_t j0 = 0; j0 < n; j0 += PV_KEYS) { /* a block's V rows stay in L1 for the column passes */
+    int64_t j1 = j0 + PV_KEYS < n ? j0 + PV_KEYS : n;
+    for (int64_t c0 = 0; c0 < D / W; c0 += CW) {
+      vw a[PB][CW];
+      for (int r = 0; r < PB; r++)
+        for (int64_t c = 0; c < CW; c++) a[r][c] = acc[r][c0 + c];
+      for (int64_t j = j0; j < j1; j++) {
+        vw wr[PB];
+        for (int r = 0; r < PB; r++) wr[r] = (vw){0} + w[r * si + j * sj];
+        for (int64_t c = 0; c < CW; c++) {
+          vw v = loadw(V + j * D + W * (c0 + c));
+          for (int r = 0; r < PB; r++) a[r][c] += wr[r] * v;
+        }
       }
+      for (int r = 0; r < PB; r++)
+        for (int64_t c = 0; c < CW; c++) acc[r][c0 + c] = a[r][c];
     }
-    for (int r = 0; r < cnt; r++)
-      for (int64_t c = 0; c < CW; c++) storew(out + orow[r] + W * (c0 + c), a[r][c] * (1.0f / z[r]));
   }
+  for (int r = 0; r < cnt; r++)
+    for (int64_t c = 0; c < D / W; c++) storew(out + orow[r] + W * c, acc[r][c] * (1.0f / z[r]));
 }
 
 /* Scores of 16 queries (qt [D][16], lanes = queries) against four keys k[0..3], stored as s[16 i + lane]:
@@ -130,13 +138,16 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
         store(sc + i * kpad + j, hsum16(a));
       }
 #endif
-    for (; j < keys; j++) /* a dot product per (query, key): lanes l and l + 8 apart where W is 8 */
+    for (; j < keys; j++) { /* a dot product per (query, key): lanes l and l + 8 apart where W is 8 */
+      for (int64_t c = 0; c < D; c += 16) /* this key's V row, for the outputs' sums, and a later key's K row */
+        __builtin_prefetch(V + j * D + c, 0, 2), __builtin_prefetch(K + (j + 8) * D + c, 0, 3);
       for (int64_t i = 0; i < nq; i++) {
         vw a[NG] = {{0}};
         for (int64_t c = 0; c < DV; c++)
           for (int h = 0; h < NG; h++) a[h] += loadw(q + i * D + 16 * c + W * h) * loadw(K + j * D + 16 * c + W * h);
         sc[i * kpad + j] = hsumw(a);
       }
+    }
     for (int64_t i = 0; i < nq4; i++) { /* softmax over each query's keys; rows past nq all zero */
       float *s = sc + i * kpad;
       int64_t n = i < nq ? len[i] : 0;
