@@ -5,7 +5,9 @@ the part of it outside the target's batched call (host work and draft calls; a r
 --trace, every step of B >= 3 that drafted: the prices it was chosen on and the requests' running rates.
 
     python experiments/step_kinds.py BUNDLE [--level 8] [--requests 16] [--new 128] [--rounds 1] [--trace]
-        [--rate R]  (Poisson arrivals at R requests per second; default a burst)
+        [--rate R]  (Poisson arrivals at R requests per second; default a burst) [--fresh] [--methods plain,auto,k4]
+--fresh: a new engine for every run, as `specexport bench` starts one (its guard and prices learnt from
+nothing); else one engine serves every run in turn.
 """
 import argparse
 import collections
@@ -23,6 +25,8 @@ ap.add_argument("--requests", type=int, default=16)
 ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--rounds", type=int, default=1)
 ap.add_argument("--trace", action="store_true")
+ap.add_argument("--fresh", action="store_true", help="a new engine per run, as the bench's")
+ap.add_argument("--methods", default="plain,auto,k4")
 ap.add_argument("--rate", type=float, default=0.0,
                 help="Poisson arrivals at this many requests per second (0: a burst)")
 a = ap.parse_args()
@@ -62,9 +66,14 @@ def timed_step_batch(*args, **kw):
 
 Engine._model_k, Engine._decode, pipe.target.step_batch = traced_model_k, timed_decode, timed_step_batch
 methods = {"plain": {"draft": "none"}, "auto": {"draft": "model", "k": "auto"}, "k4": {"draft": "model", "k": 4}}
-pipe.start_engine(max_batch=a.level, max_queue=len(prompts))
+methods = {m: methods[m] for m in a.methods.split(",")}
+if not a.fresh:
+    pipe.start_engine(max_batch=a.level, max_queue=len(prompts))
 for r in range(a.rounds):
     for name, opts in methods.items():
+        if a.fresh:
+            pipe.start_engine(max_batch=a.level, max_queue=len(prompts))
+            pipe.submit(prompts[0][:16], max_new_tokens=2, **opts).wait()  # the bench's warm-up
         steps.clear()
         state["trace"] = a.trace and name == "auto"
         t = time.perf_counter()
@@ -76,6 +85,8 @@ for r in range(a.rounds):
                 time.sleep(rnd.expovariate(a.rate))
         toks = [c.wait(900).token_ids for c in cs]
         wall = time.perf_counter() - t
+        if a.fresh:
+            pipe.close()
         print(f"round {r} {name}: {sum(map(len, toks)) / wall:.1f} tokens/s, {len(steps)} decode steps")
         kinds = collections.defaultdict(list)
         for B, k, paused, ride, s, call in steps:
