@@ -61,6 +61,12 @@ CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 RATE_FIT_DECAY, RATE_FIT_STEPS = 0.98, 8
 RATE_FIT_MAX = 0.15  # the largest offset the rate fit applies, either way
 WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_cost`)
+# the cache length the warm-up's decode, verify and draft calls run at where the pool is fixed (fused graphs read
+# each row's own n slots): a decode row reads its whole cache, ~0.9 ms a row at 300 cached tokens for SmolLM2 on
+# an AVX2-only CPU, so calls warmed at n = 0 priced the shapes no request had run yet (the verify calls at B > 1,
+# the draft's B-row calls) 15-30% below what they cost at 300, while the plain calls' prices followed the
+# requests' lengths (2026-12-06, `epyc-zen3`); Spec-Bench's prompts average 190 tokens, plus the decode so far
+WARM_CACHED = 256
 # a B priced out of drafting (`_model_k` 0) drafts again after this many such steps, so that the prices and rates
 # that priced it out are measured anew; each retry that is priced out again doubles the wait (at most 2 ** 4 x).
 # Prices are moving averages of the calls that ran: a slow spell in the draft's 4-row calls (4.1 -> 7.5 ms against
@@ -297,18 +303,24 @@ class Engine:
         ~1 s per shape for SmolLM2 on 2 cores, which would otherwise land on the first requests' time to first
         token and stall everyone decoding (docs/benchmarks.md). Decode and verify shapes run three times and the
         cheaper of their second and third calls seeds the cost table the choice of T reads (`_warm_cost`). The
-        calls use free rows at n = 0 and commit nothing (a fused call writes only free slots). Where the target
+        calls use free rows and commit nothing (a fused call writes only free slots): decode, verify and draft
+        calls at WARM_CACHED cached slots where the pool is fixed (what a request's call reads; elsewhere and
+        for prefill chunks n = 0). Where the target
         runs any T (`any_t`), prompts' unpadded remainders make other shapes, each smaller than the largest
         warmed one: their first calls cost what their second do (2026-12-05, `epyc-zen4`: 220 tokens at 1,280
         cached 390 against 380 ms)."""
         t0, tgt, pool = time.perf_counter(), self.target, self.pool
         chunk = tgt.entry.profiles.get("prefill", 1)
         steps = {t for name, t in tgt.entry.profiles.items() if not name.startswith("prefill")}
+        span = max(tgt.profile_ts)
+        cached = min(WARM_CACHED, pool.buckets[-1] - span) if pool.fixed else 0
         for B in self.batch_sizes:
-            pos = np.broadcast_to(np.arange(max(tgt.profile_ts)), (B, max(tgt.profile_ts)))
+            pos = np.broadcast_to(np.arange(span), (B, span))
+            pool.n[:] = cached  # every row is free: the calls read `cached` slots of nothing and commit nothing
             for T in [t for t in tgt.batch_ts(B) if t in steps]:
                 self.costs.update(B, T, _warm_cost(lambda: tgt.step_batch(pool, np.zeros((B, T), dtype=np.int64),
-                                                                          pos[:, :T].copy())))
+                                                                          cached + pos[:, :T])))
+            pool.n[:] = 0
             if B > 1 and chunk > 1:  # first prefill chunks of neighbouring rows (`_prefill_batch`)
                 tgt.step_batch(pool, np.zeros((B, chunk), dtype=np.int64), pos[:, :chunk].copy(), rows=[0])
         row = pool.row(pool.free[0])
@@ -317,9 +329,12 @@ class Engine:
             tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
         if self.drafts is not None:  # the draft's B-row calls (T = 1) and its catch-up chunks
             d, dpool = self.drafts.model, self.drafts.pool
+            at = min(WARM_CACHED, dpool.buckets[-1] - 1) if dpool.fixed else 0
+            dpool.n[:] = at
             for B in self.batch_sizes:
                 self.drafts.costs.update(B, 1, _warm_cost(lambda: d.step_batch(
-                    dpool, np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64))))
+                    dpool, np.zeros((B, 1), dtype=np.int64), np.full((B, 1), at, dtype=np.int64))))
+            dpool.n[:] = 0
             for T in sorted(set(d.entry.profiles.values())):
                 d.step(dpool.row(0), [0] * T, 0, rows=[T - 1])
         if self.groups:  # mixed calls: decode rows + a prefill chunk (`_decode`), requests verifying apart
