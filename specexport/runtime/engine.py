@@ -64,7 +64,7 @@ WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_c
 # the cache length the warm-up's decode, verify and draft calls run at where the pool is fixed (fused graphs read
 # each row's own n slots): a decode row reads its whole cache, ~0.9 ms a row at 300 cached tokens for SmolLM2 on
 # an AVX2-only CPU, so calls warmed at n = 0 priced the shapes no request had run yet (the verify calls at B > 1,
-# the draft's B-row calls) 15-30% below what they cost at 300, while the plain calls' prices followed the
+# the draft's B-row calls) 15-35% below what they cost at 300, while the plain calls' prices followed the
 # requests' lengths (2026-12-06, `epyc-zen3`); Spec-Bench's prompts average 190 tokens, plus the decode so far
 WARM_CACHED = 256
 # a B priced out of drafting (`_model_k` 0) drafts again after this many such steps, so that the prices and rates
