@@ -37,9 +37,11 @@ for who, s in sess.items():
     starts = [e["ts"] for e in runs]
     gqa = [0.0] * len(runs)
     for e in ev:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["args"].get("op_name") == "GroupQueryAttention":
+        if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                and e["args"].get("op_name") == "GroupQueryAttention"):
             gqa[bisect.bisect_right(starts, e["ts"]) - 1] += e["dur"] / 1e3
     mine = [B for w, B in order if w == who]
     for B in Bs:
         xs = [g for g, b in zip(gqa, mine) if b == B][2:]
-        print(f"{who} ({B},1): attention {statistics.median(xs):.2f} ms (IQR {np.percentile(xs, 25):.2f}-{np.percentile(xs, 75):.2f})")
+        lo, hi = np.percentile(xs, 25), np.percentile(xs, 75)
+        print(f"{who} ({B},1): attention {statistics.median(xs):.2f} ms (IQR {lo:.2f}-{hi:.2f})")

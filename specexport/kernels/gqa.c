@@ -155,7 +155,7 @@ static inline float hsumw(const vw *a) {
 #endif
 }
 
-#define PV_KEYS 32 /* keys per block of the outputs' sums: a block's V rows are read from memory once, for every column pass */
+#define PV_KEYS 32 /* keys per block of the outputs' sums: a block's V rows come from memory once, for every pass */
 #define QB 4 /* a task's query rows are padded to a multiple of QB; fewer than 3 QB take the dot-product path */
 
 /* rows1 .. rows8: attend_rows for head sizes 16 .. 128 (gqa_rows.h names each from DV and undefines DV) */
