@@ -401,12 +401,29 @@ def test_generate_batch(bundles):
 @pytest.mark.parametrize("attention", ["fused", "portable"])
 def test_warm_start_and_the_pool_buffer(bundles, attention):
     """start_engine runs every call shape first (nothing committed, the cost table seeded with each decode
-    shape's time); a fused pool sits at the capacity from the start and is never reallocated while short and
+    shape's time, measured at WARM_CACHED cached slots where the pool is fixed); a fused pool sits at the capacity from the start and is never reallocated while short and
     long requests come and go; a portable pool follows the longest row's bucket. Outputs == solo."""
     pipe = specexport.load(bundles[attention])
     prompts = ["hi", ("long prompt " * 20)[:70], "abc abc"]
     want = [solo(pipe, p, max_new_tokens=16) for p in prompts]
+    seen_n, step_batch = set(), pipe.target.step_batch
+
+    def recording(pool, ids, *args, **kw):  # the cache lengths the warm start's calls ran at, by T
+        seen_n.add((ids.shape[1], int(pool.n[:ids.shape[0]].max())))
+        return step_batch(pool, ids, *args, **kw)
+
+    pipe.target.step_batch = recording
     eng = pipe.start_engine(max_batch=4)
+    pipe.target.step_batch = step_batch
+    # decode and verify calls priced at a request's length where the pool is fixed (WARM_CACHED, within the
+    # capacity), prefill chunks at n = 0
+    from specexport.runtime import engine as E
+
+    cached = min(E.WARM_CACHED, eng.pool.buckets[-1] - max(pipe.target.profile_ts)) if eng.pool.fixed else 0
+    assert (attention == "fused") == (cached > 0)
+    decode = {t for name, t in pipe.target.entry.profiles.items() if not name.startswith("prefill")}
+    assert {n for T, n in seen_n if T in decode} == {cached}, seen_n
+    assert {n for T, n in seen_n if T not in decode} <= {0}, seen_n
     steps = {(B, T) for B in eng.batch_sizes for T in pipe.target.batch_ts(B) if T in (1, 2, 3, 5)}
     assert steps <= set(eng.costs.seen), (steps, eng.costs.seen)
     assert eng.counters["steps"] == 0 and not eng.pool.n.any() and len(eng.pool.free) == eng.pool.rows
