@@ -401,8 +401,9 @@ def test_generate_batch(bundles):
 @pytest.mark.parametrize("attention", ["fused", "portable"])
 def test_warm_start_and_the_pool_buffer(bundles, attention):
     """start_engine runs every call shape first (nothing committed, the cost table seeded with each decode
-    shape's time, measured at WARM_CACHED cached slots where the pool is fixed); a fused pool sits at the capacity from the start and is never reallocated while short and
-    long requests come and go; a portable pool follows the longest row's bucket. Outputs == solo."""
+    shape's time, measured at WARM_CACHED cached slots where the pool is fixed); a fused pool sits at the
+    capacity from the start and is never reallocated while short and long requests come and go; a portable
+    pool follows the longest row's bucket. Outputs == solo."""
     pipe = specexport.load(bundles[attention])
     prompts = ["hi", ("long prompt " * 20)[:70], "abc abc"]
     want = [solo(pipe, p, max_new_tokens=16) for p in prompts]

@@ -67,6 +67,12 @@ WARM_CALLS = 2  # measured calls per shape at warm-up, after the first (`_warm_c
 # the draft's B-row calls) 15-35% below what they cost at 300, while the plain calls' prices followed the
 # requests' lengths (2026-12-06, `epyc-zen3`); Spec-Bench's prompts average 190 tokens, plus the decode so far
 WARM_CACHED = 256
+
+
+def _warm_length(pool, span: int) -> int:
+    """The cached length a warm-up call of up to `span` new tokens runs at on `pool`: WARM_CACHED within its
+    capacity where the pool is fixed, else 0 (a bucketed pool would grow for it)."""
+    return min(WARM_CACHED, pool.buckets[-1] - span) if pool.fixed else 0
 # a B priced out of drafting (`_model_k` 0) drafts again after this many such steps, so that the prices and rates
 # that priced it out are measured anew; each retry that is priced out again doubles the wait (at most 2 ** 4 x).
 # Prices are moving averages of the calls that ran: a slow spell in the draft's 4-row calls (4.1 -> 7.5 ms against
@@ -313,7 +319,7 @@ class Engine:
         chunk = tgt.entry.profiles.get("prefill", 1)
         steps = {t for name, t in tgt.entry.profiles.items() if not name.startswith("prefill")}
         span = max(tgt.profile_ts)
-        cached = min(WARM_CACHED, pool.buckets[-1] - span) if pool.fixed else 0
+        cached = _warm_length(pool, span)
         for B in self.batch_sizes:
             pos = np.broadcast_to(np.arange(span), (B, span))
             pool.n[:] = cached  # every row is free: the calls read `cached` slots of nothing and commit nothing
@@ -329,7 +335,7 @@ class Engine:
             tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
         if self.drafts is not None:  # the draft's B-row calls (T = 1) and its catch-up chunks
             d, dpool = self.drafts.model, self.drafts.pool
-            at = min(WARM_CACHED, dpool.buckets[-1] - 1) if dpool.fixed else 0
+            at = _warm_length(dpool, 1)
             dpool.n[:] = at
             for B in self.batch_sizes:
                 self.drafts.costs.update(B, 1, _warm_cost(lambda: d.step_batch(
