@@ -140,7 +140,7 @@ static void ROWS_NAME(DV)(const float *q, int64_t nq, float *sc, int64_t kpad, c
 #endif
     for (; j < keys; j++) { /* a dot product per (query, key): lanes l and l + 8 apart where W is 8 */
       for (int64_t c = 0; c < D; c += 16) /* this key's V row, for the outputs' sums, and a later key's K row */
-        __builtin_prefetch(V + j * D + c, 0, 2), __builtin_prefetch(K + (j + 8) * D + c, 0, 3);
+        __builtin_prefetch(V + j * D + c, 0, 2), __builtin_prefetch(K + (j + 8 < keys ? j + 8 : j) * D + c, 0, 3);
       for (int64_t i = 0; i < nq; i++) {
         vw a[NG] = {{0}};
         for (int64_t c = 0; c < DV; c++)
