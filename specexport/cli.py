@@ -198,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
                    help="who proposes: the bundle's draft model, prompt lookup (ngram), a token-recycling + prompt "
                    "lookup tree verified in one call (recycle; no model), or none = plain decoding "
                    "(default: model if the bundle's draft is a separate checkpoint, or an int4 self-draft where it runs "
-                   "on specexport's int4 kernel (AVX512-VNNI); else recycle)")
+                   "on specexport's int4 kernel (AVX512-VNNI or AVX2); else recycle)")
     g.add_argument("--k", type=_k, default=None,
                    help="draft length, one of the bundle's verify profiles (default 4), or auto: chosen each step "
                    "from the running acceptance rate and measured step costs (with ngram, also plain decoding when drafting does not pay); "

@@ -110,7 +110,7 @@ def matmul_amx(path: str) -> bool:
 
 
 def matmul4_on(path: str) -> bool:
-    """Whether the library has matmul4.c's MatMulNBits (int4 weights, int8 activations; AVX512-VNNI builds) and
+    """Whether the library has matmul4.c's MatMulNBits (int4 weights, int8 activations; AVX512-VNNI, AVX2 builds) and
     SPECEXPORT_MATMUL4 does not turn it off."""
     return bool(ctypes.CDLL(path).specexport_matmul4_on())
 

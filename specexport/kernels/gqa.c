@@ -425,7 +425,7 @@ extern OrtCustomOp specexport_matmul_op, specexport_matmul_bf16_op, specexport_m
     specexport_swiglu_bf16_op, specexport_swiglu_dot_op; /* matmul.c */
 int specexport_matmul_dot(void);
 int specexport_matmul_amx(void);
-extern OrtCustomOp specexport_matmul4_op; /* matmul4.c (AVX512-VNNI builds) */
+extern OrtCustomOp specexport_matmul4_op; /* matmul4.c (AVX512-VNNI and AVX2 builds) */
 int specexport_matmul4_on(void);
 
 /* Whether a session gets matmul.c's MatMul: by default where this build has AVX-512; SPECEXPORT_MATMUL=0 off,
@@ -480,7 +480,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   /* matmul4.c's MatMulNBits, for an int4 target with int8 activations (backends/ort.py asks for it) */
   char nbits[16] = "";
   option(options, "specexport.matmul_nbits", nbits);
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
   if (!strcmp(nbits, "int8") && specexport_matmul4_on()) TRY(ort->CustomOpDomain_Add(domain, &specexport_matmul4_op));
 #endif
   TRY(ort->AddCustomOpDomain(options, domain));

@@ -1,8 +1,9 @@
 /* MatMulNBits (com.microsoft) for a quantised target with int4 weights and int8 activations (`--quantize-target
  * int4 --target-activations int8`): Y [..., N] = A [..., K] x dequant(B), B 4-bit [N, K / 32, 16] symmetric (the
  * value q - 8, no zero points), one float32 scale per column and block of 32 k. Registered only for sessions
- * whose options carry specexport.matmul_nbits=int8 (backends/ort.py sets it for such targets), on CPUs with
- * AVX512-VNNI.
+ * whose options carry specexport.matmul_nbits=int8 (backends/ort.py sets it for such targets and for int4 drafts),
+ * on CPUs with AVX512-VNNI, and with AVX2 and FMA (the same integer sums by other instructions: see the AVX2
+ * version below).
  *
  * Why: onnxruntime's int8 path of MatMulNBits ran a SmolLM2 decode step at 2.6-4.3x the time its weights take
  * to read, and each verify row cost ~6% of a step (docs/benchmarks.md, issue 17's int4 tables). Here the weights
@@ -31,6 +32,9 @@
 int specexport_parts(void);
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define MM4_512 1
+#endif
+#if defined(MM4_512) || (defined(__AVX2__) && defined(__FMA__))
 #define QB 32 /* k per block (the bundle's block_size) */
 #define GC 16 /* columns per group: one vector of int32 lanes */
 #define NG 4  /* groups per panel: 4 independent chains of VPDPBUSD per row, 64 columns */
@@ -53,6 +57,7 @@ typedef struct {
   int64_t M, nparts;
 } Call;
 
+#if defined(MM4_512)
 /* y[r0 .. r0 + R) x the G groups from g0 of panel p: R and G constants per instance, so the accumulators stay
  * in registers. Whatever R, G and g0, a row's column sums the same int32 block dots and adds them in the same
  * block order, so its output does not depend on the instance that ran it */
@@ -159,6 +164,140 @@ static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t 
       asum[m * nb + b] = 8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
+
+#else
+/* AVX2 without VNNI (8 int32 lanes: a 64-byte group's 16 columns as two halves of 8, "half-groups" hg = 2 i + h,
+ * at byte 32 hg of each (panel, block, j) unit). VPDPBUSD's exact 4-product sums become VPMADDUBSW (u8 nibble x
+ * s8 activation, adjacent pairs into int16: |15 x 127 x 2| = 3,810, never saturates) added in int16 over the
+ * block's 4 j, lo and hi (16 products a lane, |sum| <= 30,480 < 32,767: exact), then VPMADDWD by 1 into int32:
+ * the same integer block dot as VPDPBUSD's, so the same float arithmetic after it and the same bits. */
+#define ROWS(R, H)                                                                                            \
+  static void rows##R##_##H(const Kernel *k, const Call *c, int64_t p, int64_t r0, int h0) {                \
+    const int64_t nb = k->nb, Kp = nb * QB;                                                                 \
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);                                  \
+    __m256 acc[R][H];                                                                                       \
+    for (int r = 0; r < R; r++)                                                                             \
+      for (int h = 0; h < H; h++) acc[r][h] = _mm256_setzero_ps();                                          \
+    const uint8_t *w = k->w + p * nb * 256 * NG + 32 * h0;                                                  \
+    const float *s = k->s + p * nb * GC * NG + 8 * h0;                                                      \
+    for (int64_t b = 0; b < nb; b++) {                                                                      \
+      __m256i d[R][H];                                                                                      \
+      for (int r = 0; r < R; r++)                                                                           \
+        for (int h = 0; h < H; h++) d[r][h] = _mm256_setzero_si256();                                       \
+      _Pragma("GCC unroll 1") /* unrolled, GCC held all 4 j's products at once and spilled them */         \
+      for (int j = 0; j < 4; j++, w += 64 * NG)                                                             \
+        for (int h = 0; h < H; h++) {                                                                       \
+          __m256i v = _mm256_load_si256((const void *)(w + 32 * h));                                        \
+          __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);         \
+          for (int r = 0; r < R; r++) {                                                                     \
+            const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + b * QB + 8 * j);                   \
+            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[0])),                 \
+                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[1])));                \
+            d[r][h] = _mm256_add_epi16(d[r][h], t);                                                         \
+          }                                                                                                 \
+        }                                                                                                   \
+      for (int r = 0; r < R; r++) {                                                                         \
+        int64_t x = (r0 + r) * nb + b;                                                                      \
+        __m256i z = _mm256_set1_epi32(c->asum[x]);                                                          \
+        __m256 sa = _mm256_set1_ps(c->sa[x]);                                                               \
+        for (int h = 0; h < H; h++) {                                                                       \
+          __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(d[r][h], one), z));            \
+          acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(_mm256_load_ps(s + b * NG * GC + 8 * h), sa), acc[r][h]); \
+        }                                                                                                   \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (int h = 0; h < H; h++) {                                                                           \
+      int64_t n0 = p * NG * GC + 8 * (h0 + h), cols = k->N - n0 < 8 ? k->N - n0 : 8;                         \
+      if (cols <= 0) break;                                                                                 \
+      for (int r = 0; r < R; r++) {                                                                         \
+        float *y = c->y + (r0 + r) * k->N + n0;                                                             \
+        if (cols == 8) {                                                                                    \
+          _mm256_storeu_ps(y, acc[r][h]);                                                                   \
+        } else {                                                                                            \
+          float t[8];                                                                                       \
+          _mm256_storeu_ps(t, acc[r][h]);                                                                   \
+          memcpy(y, t, sizeof(float) * cols);                                                               \
+        }                                                                                                   \
+      }                                                                                                     \
+    }                                                                                                       \
+  }
+ROWS(1, 4)
+ROWS(2, 4)
+ROWS(3, 2)
+ROWS(1, 1)
+ROWS(2, 1)
+ROWS(3, 1)
+ROWS(4, 1)
+ROWS(5, 1)
+ROWS(6, 1)
+ROWS(7, 1)
+ROWS(8, 1)
+typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int);
+#define RB1 8 /* rows per register block over one half-group: 8 int16 accumulators */
+static const Rows rows1[RB1 + 1] = {NULL, rows1_1, rows2_1, rows3_1, rows4_1, rows5_1, rows6_1, rows7_1, rows8_1};
+
+/* One row takes a panel's 8 half-groups 4 at a time, 2 rows 4 at a time, 3 rows 2 at a time (each weight byte
+ * unpacked once per call); from 4 rows on, one half-group at a time, up to 8 rows at a time (9 rows: 5 + 4). */
+static void part(void *arg, size_t p) {
+  const Call *c = arg;
+  const Kernel *k = c->k;
+  int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
+  int H = c->M <= 2 ? 4 : c->M == 3 ? 2 : 1;
+  Rows few = c->M == 1 ? rows1_4 : c->M == 2 ? rows2_4 : rows3_2;
+  int64_t nblk = (c->M + RB1 - 1) / RB1;
+  for (int64_t q = p0; q < p1; q++)
+    for (int h0 = 0; h0 < 2 * NG; h0 += H)
+      if (c->M <= 3)
+        few(k, c, q, 0, h0);
+      else
+        for (int64_t i = 0, r = 0; i < nblk; i++) {
+          int64_t r1 = c->M * (i + 1) / nblk;
+          rows1[r1 - r](k, c, q, r, h0);
+          r = r1;
+        }
+}
+
+/* rows [m0, m1) of x [M, K] as int8 per block of QB k (zero past K), their scales and 8 x their sums: the
+ * AVX-512 version's arithmetic (max|a| exact, one division, one product, VCVTPS2DQ to nearest even, the int32
+ * values packed to int8 exactly: they lie in [-127, 127]) in 8-lane vectors. */
+static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t nb, int8_t *qa, float *sa,
+                     int32_t *asum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the two packs' int32 groups back in order */
+  for (int64_t m = m0; m < m1; m++)
+    for (int64_t b = 0; b < nb; b++) {
+      const float *a = x + m * K + b * QB;
+      int64_t n = K - b * QB < QB ? K - b * QB : QB;
+      float part[QB] = {0};
+      if (n < QB) memcpy(part, a, sizeof(float) * n), a = part;
+      __m256 v[4], mx = _mm256_setzero_ps();
+      int nan = 0;
+      for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(a + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+      }
+      __m128 m2 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      m2 = _mm_max_ps(m2, _mm_movehl_ps(m2, m2));
+      float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+      __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      __m256i q[4], sum = _mm256_setzero_si256();
+      for (int i = 0; i < 4; i++) {
+        q[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)), lo), hi);
+        sum = _mm256_add_epi32(sum, q[i]);
+      }
+      __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256((__m256i *)(qa + (m * nb + b) * QB), _mm256_permutevar8x32_epi32(bytes, order));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      sa[m * nb + b] = nan ? NAN : amax / 127.0f;
+      asum[m * nb + b] = 8 * _mm_cvtsi128_si32(s4);
+    }
+}
+
+#endif
 
 static void quant_part(void *arg, size_t p) {
   const Call *c = arg;
@@ -291,10 +430,10 @@ OrtCustomOp specexport_matmul4_op = {
 };
 #endif
 
-/* whether sessions that ask for it (specexport.matmul_nbits=int8) get this kernel: AVX512-VNNI builds, unless
- * SPECEXPORT_MATMUL4=0 */
+/* whether sessions that ask for it (specexport.matmul_nbits=int8) get this kernel: AVX512-VNNI and AVX2 builds,
+ * unless SPECEXPORT_MATMUL4=0 */
 int specexport_matmul4_on(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(QB)
   const char *e = getenv("SPECEXPORT_MATMUL4");
   return !(e && !strcmp(e, "0"));
 #else
