@@ -108,7 +108,7 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
-    # an int4 draft (built at int8 activations) runs specexport's MatMulNBits where it builds (AVX512-VNNI)
+    # an int4 draft (built at int8 activations) runs specexport's MatMulNBits where it builds (AVX512-VNNI, AVX2)
     lib = pipe.target.kernel
     assert pipe.draft.nbits == (kind == "int4" and bool(lib) and kernels.matmul4_on(lib))
     # the default draft: the int4 self-draft where it runs on that kernel (on the engine with k sized per step),

@@ -19,7 +19,8 @@ def vnni():
         pytest.skip("no C compiler here (.ci/run installs gcc): specexport's kernels cannot be built")
     lib = kernels.library(64)
     if lib is None or not kernels.matmul4_on(lib):
-        pytest.skip("this CPU has no AVX512-VNNI: the int4 kernel is not built and onnxruntime's MatMulNBits runs")
+        pytest.skip("this CPU has neither AVX512-VNNI nor AVX2: the int4 kernel is not built, onnxruntime's "
+                    "MatMulNBits runs")
 
 
 def quantised(K: int, N: int, seed: int):

@@ -98,7 +98,7 @@ def test_int8_activations_drift_on_the_real_model(smol, tmp_path, monkeypatch):
     assert parity.verify_drifts(OrtBackend(out, m.target, m.buckets)) == (0.0, 0.0)
     from specexport import kernels
 
-    for pad in (False, True):  # int8 rows alike in any call: specexport's MatMulNBits (AVX512-VNNI builds)
+    for pad in (False, True):  # int8 rows alike in any call: specexport's MatMulNBits (AVX512-VNNI, AVX2 builds)
         model = OrtBackend(tmp_path, dataclasses.replace(m.target, graph="q4.onnx", pad_decode=pad), m.buckets)
         assert model.kernel
         if kernels.matmul4_on(model.kernel):
