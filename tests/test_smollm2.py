@@ -99,9 +99,10 @@ def test_int8_activations_drift_on_the_real_model(smol, tmp_path, monkeypatch):
     from specexport import kernels
 
     for pad in (False, True):  # int8 rows alike in any call: specexport's MatMulNBits (AVX512-VNNI, AVX2 builds)
-        model = OrtBackend(tmp_path, dataclasses.replace(m.target, graph="q4.onnx", pad_decode=pad), m.buckets)
-        assert model.kernel
-        if kernels.matmul4_on(model.kernel):
+        q4 = dataclasses.replace(m.target, graph="q4.onnx", pad_decode=pad, kind="int4", activations="int8")
+        model = OrtBackend(tmp_path, q4, m.buckets)
+        assert model.kernel and model.nbits == kernels.matmul4_on(model.kernel)
+        if model.nbits:
             assert parity.verify_drifts(model) == (0.0, 0.0), pad
     # onnxruntime's
     monkeypatch.setenv("SPECEXPORT_KERNELS", "0")
