@@ -480,7 +480,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   /* matmul4.c's MatMulNBits, for an int4 target with int8 activations (backends/ort.py asks for it) */
   char nbits[16] = "";
   option(options, "specexport.matmul_nbits", nbits);
-#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(MATMUL4)
   if (!strcmp(nbits, "int8") && specexport_matmul4_on()) TRY(ort->CustomOpDomain_Add(domain, &specexport_matmul4_op));
 #endif
   TRY(ort->AddCustomOpDomain(options, domain));

@@ -34,7 +34,7 @@ int specexport_parts(void);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define MM4_512 1
 #endif
-#if defined(MM4_512) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(MATMUL4)
 #define QB 32 /* k per block (the bundle's block_size) */
 #define GC 16 /* columns per group: one vector of int32 lanes */
 #define NG 4  /* groups per panel: 4 independent chains of VPDPBUSD per row, 64 columns */
@@ -269,8 +269,11 @@ static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t 
     for (int64_t b = 0; b < nb; b++) {
       const float *a = x + m * K + b * QB;
       int64_t n = K - b * QB < QB ? K - b * QB : QB;
-      float part[QB] = {0};
-      if (n < QB) memcpy(part, a, sizeof(float) * n), a = part;
+      float tail[QB]; /* a last block short of QB k, zero past K */
+      if (n < QB) {
+        memset(tail, 0, sizeof tail), memcpy(tail, a, sizeof(float) * n);
+        a = tail;
+      }
       __m256 v[4], mx = _mm256_setzero_ps();
       int nan = 0;
       for (int i = 0; i < 4; i++) {
@@ -433,7 +436,7 @@ OrtCustomOp specexport_matmul4_op = {
 /* whether sessions that ask for it (specexport.matmul_nbits=int8) get this kernel: AVX512-VNNI and AVX2 builds,
  * unless SPECEXPORT_MATMUL4=0 */
 int specexport_matmul4_on(void) {
-#if defined(QB)
+#if defined(MATMUL4)
   const char *e = getenv("SPECEXPORT_MATMUL4");
   return !(e && !strcmp(e, "0"));
 #else

@@ -11,6 +11,12 @@
 
 #define API_VERSION 17 /* KernelContext_ParallelFor (onnxruntime 1.17) is the newest entry used */
 
+/* matmul4.c's MatMulNBits is built (and gqa.c registers it): with VPDPBUSD on AVX512-VNNI, with VPMADDUBSW on
+ * AVX2 + FMA */
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
+#define MATMUL4 1
+#endif
+
 extern const OrtApi *specexport_ort;
 #define ort specexport_ort
 
