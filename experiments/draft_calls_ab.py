@@ -1,7 +1,7 @@
 """An int4 draft's calls on onnxruntime's MatMulNBits (its int8-activation path, the draft's level 4) against
-specexport's (kernels/matmul4.c, specexport.matmul_nbits=int8): two sessions of the bundle's draft graph in one
+specexport's (kernels/matmul4.c, specexport.matmul_nbits=int8): the bundle's draft graph loaded twice in one
 process, (B, 1) decode calls at 300+ cached tokens and a 64-token chunk, interleaved (order swapped each round),
-medians; first, each session's rows of a 4-row call against the same rows alone (max |logit diff|).
+medians; first, each one's rows of a 4-row call against the same rows alone (max |logit diff|).
     python experiments/draft_calls_ab.py BUNDLE [ROUNDS]   (default 15)"""
 import collections
 import json
