@@ -106,6 +106,19 @@ def narrow(bundle):
         yield u
 
 
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_held(url, pipe):
+    """A system prompt that an earlier request sent: the second request's prompt starts with it, the engine takes
+    its K/V from the prefix cache, and usage says so as OpenAI does (prompt_tokens_details.cached_tokens)."""
+    c = client(url)
+    system = {"role": "system", "content": "You answer in one short line, always politely."}
+    asks = [[system, {"role": "user", "content": q}] for q in ("Hi there.", "What is 2 + 2?")]
+    rs = [c.chat.completions.create(model="tiny", messages=m, max_tokens=8, temperature=0) for m in asks]
+    assert rs[0].usage.prompt_tokens_details.cached_tokens == 0
+    shared = len(os.path.commonprefix([pipe.encode(m) for m in asks]))
+    assert rs[1].usage.prompt_tokens_details.cached_tokens == shared > 16
+    assert rs[1].choices[0].message.content == pipe.generate(asks[1], max_new_tokens=8, draft="none").text
+
+
 def test_chat_and_completions_streamed_and_not_equal_solo_greedy(url, pipe):
     c = client(url)
     ref = pipe.generate(HI, max_new_tokens=24, draft="none")

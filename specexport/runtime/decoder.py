@@ -48,6 +48,7 @@ class DecodeConfig:
 @dataclass
 class Stats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the engine's prefix cache (not prefilled)
     new_tokens: int = 0
     steps: int = 0  # target calls after the prefill
     proposed: int = 0

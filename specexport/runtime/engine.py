@@ -9,6 +9,7 @@ finish_reason: "eos" | "stop" (a stop string) | "length" | "cancelled" | "error"
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -24,10 +25,12 @@ from .accept import Picker, accept_tree, check_finite
 from ..backends.base import StepOut
 from .decoder import DecodeConfig
 from .drafters import PoolDrafts, RecycleDrafter, RowDraft, Tree, shares_pool
-from .prefill import ALONE_CHUNK, chunk_ts, feed_chunk, next_chunk
+from .prefill import ALONE_CHUNK, chunk_ts, feed, feed_chunk, next_chunk
+from .prefix import PrefixCache, exact as prefix_exact
 from .text import TextStream
 
 _DONE = object()
+log = logging.getLogger("specexport")
 # default prefill budget per iteration while others decode: one prefill chunk per request still prefilling,
 # at most PREFILL_CHUNKS_MAX chunks. One chunk keeps the decoding requests' inter-token time within one chunk
 # call when a request arrives alone; when several prefill at once (arrivals spread out, a service under load)
@@ -205,7 +208,7 @@ class Engine:
     (runtime/costs); with a fixed k, the smallest profile that holds every row's k+1 nodes."""
 
     def __init__(self, target, make_sequence, max_batch: int = 4, max_queue: int = 64,
-                 prefill_budget: int | None = None, draft=None):
+                 prefill_budget: int | None = None, draft=None, prefix_cache: int = 0):
         if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
             raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not (isinstance(max_queue, int) and not isinstance(max_queue, bool) and max_queue >= 0):
@@ -224,6 +227,15 @@ class Engine:
         self.budget_max = prefill_budget or PREFILL_CHUNKS_MAX * self.chunk
         self.prefill_budget = prefill_budget or self.chunk  # this iteration's (step() sets the default's)
         self.pool = target.new_pool(self.batch_sizes[-1])
+        # prompts' K/V kept for later requests within `prefix_cache` bytes (runtime/prefix.py): host pools, and only
+        # where a copied prefix gives the bits of a whole prefill (checked now: a few prefill calls)
+        self.prefixes = None
+        if prefix_cache and isinstance(self.pool.data, np.ndarray):
+            if prefix_exact(target, target.entry.profiles.get("prefill", 1)):
+                self.prefixes = PrefixCache(prefix_cache, self.pool.data[:, :, 0, :, 0].nbytes)
+            else:
+                log.info("specexport: no prefix cache on this target: a prompt prefilled in parts rounds apart "
+                         "from one prefilled whole here, so reusing a prefix would not be lossless")
         # the bundle's draft model (a backend with step_batch), for requests with draft="model": its own pool,
         # or the target's for a self-draft with the target's KV layout
         self.drafts = None if draft is None else PoolDrafts(draft, self.pool.rows,
@@ -284,6 +296,7 @@ class Engine:
                     "row_moves": self.counters.get("moves", 0),
                     "draft_batch": dict(self.drafts.calls) if self.drafts is not None else {},
                     "prefill_budget": self.prefill_budget, "pool_slots": self.pool.S,
+                    "prefix_cache": self.prefixes.stats() if self.prefixes is not None else None,
                     "pool_bytes": self.pool.resident_bytes, "pool_peak_bytes": self.pool.peak_bytes}
 
     def close(self, timeout: float | None = None) -> bool:
@@ -445,6 +458,7 @@ class Engine:
         return s, T, r
 
     def _admit(self) -> None:
+        new = []
         with self._lock:
             self._drop_cancelled()
             while self._waiting and len(self._active) < self.max_batch and self.pool.free:
@@ -460,10 +474,17 @@ class Engine:
                 s.chain_hits, s.chain_tries = 2.0 * self._chain_prior(s), 2.0  # what its drafter's chains made
                 s.row = self.pool.acquire()
                 s.cache = self.pool.row(s.row)
-                if self.drafts is not None:
-                    self.drafts.reset(s.row)
                 self._active.append(s)
+                new.append(s)
             self.pool.reserve(self._room())  # one growth for everyone admitted now, not one per bucket on the way
+        for s in new:
+            if self.prefixes is not None:  # the longest cached run of its first tokens: not prefilled again
+                P, kv = self.prefixes.lookup(s.ids[:s.c.generation.stats.prompt_tokens])
+                if P:
+                    self.pool.load_prefix(s.row, kv, P)
+                    s.fed = s.c.generation.stats.cached_tokens = P
+            if self.drafts is not None:
+                self.drafts.reset(s.row)
 
     def _drop_cancelled(self) -> None:
         """(lock held) Finish the waiting requests that were cancelled: their places in the queue free now,
@@ -856,6 +877,7 @@ class Engine:
     def _first(self, s: Sequence, logits: np.ndarray) -> None:
         """The whole prompt is in the cache: the logits of its last row [V] give the first token (no decode
         row for it), exactly as a decode step's row would pick it."""
+        self._keep(s)
         try:
             check_finite(logits[None], "target")
             self._emit(s, [s.pick.target(logits, len(s.ids))])
@@ -875,7 +897,30 @@ class Engine:
         if done or s.emitted >= s.cfg.max_new_tokens:
             self._retire(s, s.c.generation.finish_reason or "length")
 
+    def _keep(self, s: Sequence) -> None:
+        """Its committed K/V (the prompt at its first token, prompt and answer when it ends) into the prefix
+        cache: a copy of ~46 KB per token for SmolLM2, ~1 ms for 200 tokens."""
+        if self.prefixes is not None:
+            n = int(self.pool.n[s.row])
+            self.prefixes.insert(s.ids[:n], self.pool.prefix(s.row, n))
+
+    def cache_prefix(self, ids: list) -> None:
+        """Prefill `ids` once on a free row and keep their K/V for the requests that start with them (a
+        service's system prompt; Pipeline.start_engine gives it the chat template's preamble). Call it before
+        submitting requests, from the thread that started the engine."""
+        if self.prefixes is None or len(ids) < 2:
+            return
+        r = self.pool.acquire()
+        try:
+            self.pool.reserve(len(ids))
+            feed(self.target, self.pool.row(r), list(ids))
+            self.prefixes.insert(list(ids), self.pool.prefix(r, len(ids)))
+        finally:
+            self.pool.release(r)
+
     def _retire(self, s: Sequence, reason: str, error: BaseException | None = None) -> None:
+        if reason in ("eos", "stop", "length") and s in self._active and s.prefilled:
+            self._keep(s)  # its answer may be the next turn's prompt
         with self._lock:
             if s not in self._active:
                 return

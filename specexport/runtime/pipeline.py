@@ -21,6 +21,8 @@ from .text import TextStream
 from .sampling import SamplingParams
 from . import validate
 
+PREFIX_CACHE_MB = 64  # the engine's prefix cache by default: ~1,400 tokens of SmolLM2's K/V in float32
+
 
 @dataclass
 class Generation:
@@ -168,14 +170,17 @@ class Pipeline:
 
     # ---- many requests at once
     def start_engine(self, max_batch: int | None = None, max_queue: int = 64,
-                     prefill_budget: int | None = None, warm: bool = True) -> Engine:
+                     prefill_budget: int | None = None, warm: bool = True,
+                     prefix_cache_mb: float = PREFIX_CACHE_MB) -> Engine:
         """(Re)configure the batching engine that `submit` uses: at most `max_batch` requests decode together
         in one target call per step (default: the bundle's largest batch size), at most `max_queue` more
         wait (past that `submit` raises QueueFull); `prefill_budget`: prompt tokens prefilled per step
         while others decode (default: one prefill chunk per request still prefilling, at most four; no limit
         while nothing decodes); `warm`: run each
         call shape once now (Engine.warm: a few seconds for SmolLM2 on 2 cores) so that the first requests
-        do not pay the backend's first-call costs."""
+        do not pay the backend's first-call costs. `prefix_cache_mb`: memory for the K/V of prompts (and ended
+        requests) that later requests start with (runtime/prefix.py; 0 turns it off); with a chat template its
+        preamble, the tokens every chat prompt starts with, is prefilled into it now."""
         if not hasattr(self.target, "step_batch"):
             raise OptionError(f"backend {self.backend!r} runs one sequence per call: the batching engine (submit, "
                               "generate_batch, the server) needs backend onnxruntime, openvino or torch; "
@@ -184,12 +189,23 @@ class Pipeline:
             self._engine.close()
         if getattr(self.target, "fixed", None):  # OpenVINO's fixed-shape models: one sequence only
             self.target.drop_fixed()
+        mb = validate.prefix_cache_mb(prefix_cache_mb)
         draft = self.draft if hasattr(self.draft, "step_batch") else None
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
-                              max_queue=max_queue, prefill_budget=prefill_budget, draft=draft)
+                              max_queue=max_queue, prefill_budget=prefill_budget, draft=draft,
+                              prefix_cache=int(mb * 2 ** 20))
         if warm:
             self._engine.warm()
+        if self._engine.prefixes is not None and self.manifest.tokenizer.get("chat_template"):
+            self._engine.cache_prefix(self.chat_preamble())
         return self._engine
+
+    def chat_preamble(self) -> list[int]:
+        """The tokens every chat prompt of this bundle starts with (the template's system turn and the user
+        turn's header): what two one-message chats have in common."""
+        a, b = (self.encode([{"role": "user", "content": t}]) for t in ("Hi.", "What is 2 + 2?"))
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return a[:n]
 
     @property
     def engine(self) -> Engine:

@@ -268,3 +268,8 @@ def _ints(x) -> list:
     if isinstance(x, list):
         return [i for v in x for i in _ints(v)]
     return [x] if type(x) is int else []
+
+
+def prefix_cache_mb(x) -> float:
+    """The engine's prefix cache in MiB: a finite number >= 0 (0: off), at most 1 TiB."""
+    return real(x, "prefix_cache_mb", 0.0, 2.0 ** 20, fix=" (0 turns the prefix cache off)")

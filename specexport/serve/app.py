@@ -42,6 +42,7 @@ class ServeConfig:
     max_batch: int | None = None  # requests decoding at once (batch rows); None: the bundle's largest batch
     max_queue: int = 64  # requests waiting for a row; past that: 429
     prefill_budget: int | None = None  # prompt tokens prefilled per step while others decode (None: the engine's)
+    prefix_cache_mb: float = 64.0  # the engine's prefix cache (runtime/prefix.py); 0: off
     api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
     model_name: str = ""  # the id clients send as "model"; "" = the bundle directory's name
     threads: int | None = None  # onnxruntime intra-op threads (None: all cores)
@@ -58,6 +59,9 @@ class ServeConfig:
             raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
         if self.prefill_budget is not None and not (isinstance(self.prefill_budget, int) and self.prefill_budget >= 1):
             raise ValueError(f"prefill_budget must be an integer >= 1, got {self.prefill_budget!r}")
+        if not (isinstance(self.prefix_cache_mb, (int, float)) and not isinstance(self.prefix_cache_mb, bool)
+                and 0 <= self.prefix_cache_mb <= 2 ** 20):
+            raise ValueError(f"prefix_cache_mb must be a number in [0, 1048576] (0: off), got {self.prefix_cache_mb!r}")
         if self.max_body_bytes < 1 or self.drain_timeout < 0:
             raise ValueError("max_body_bytes must be >= 1 and drain_timeout >= 0")
         if self.api_key is not None and not self.api_key:
@@ -74,7 +78,7 @@ def load_pipeline(cfg: ServeConfig):
 
     pipe = load(cfg.bundle, threads=cfg.threads)
     bounds = {"max_queue": cfg.max_queue} | ({"max_batch": cfg.max_batch} if cfg.max_batch else {})
-    pipe.start_engine(**bounds, prefill_budget=cfg.prefill_budget)
+    pipe.start_engine(**bounds, prefill_budget=cfg.prefill_budget, prefix_cache_mb=cfg.prefix_cache_mb)
     return pipe
 
 
@@ -255,7 +259,7 @@ class Run:
     def _account(self, t_first: float | None) -> None:
         g, pipe = self.c.generation, self.svc.pipe
         self.outcome = FINISH.get(g.finish_reason, g.finish_reason)  # cancelled / error keep their names
-        self.usage = usage(len(g.prompt_ids), completion_tokens(pipe, g, self.stops))
+        self.usage = usage(len(g.prompt_ids), completion_tokens(pipe, g, self.stops), g.stats.cached_tokens)
         self.svc.metrics.finished(self.route, self.outcome, self.usage["prompt_tokens"],
                                   self.usage["completion_tokens"], g.stats,
                                   None if t_first is None else t_first - self.t0, time.perf_counter() - self.t0)

@@ -40,6 +40,12 @@ class _EngineGauges:
                                ("engine_tokens", "tokens", "tokens the engine emitted, all rows")):
             if isinstance(s.get(key), (int, float)):
                 yield CounterMetricFamily(f"specexport_{name}", doc, value=float(s[key]))
+        pc = s.get("prefix_cache")
+        if isinstance(pc, dict):
+            yield CounterMetricFamily("specexport_prefix_cache_hit_tokens", "prompt tokens taken from the prefix "
+                                      "cache instead of prefilled", value=float(pc.get("hit_tokens", 0)))
+            yield GaugeMetricFamily("specexport_prefix_cache_bytes", "bytes of K/V the prefix cache holds",
+                                    value=float(pc.get("bytes", 0)))
         if isinstance(s.get("batch"), dict):  # {B: engine steps that ran B rows}: the batch-size distribution
             c = CounterMetricFamily("specexport_engine_steps_by_batch", "engine steps by batch rows B",
                                     labels=["batch"])

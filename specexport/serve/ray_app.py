@@ -52,9 +52,10 @@ def deployment(cfg: ServeConfig, replicas: int = 1):
 
 def app_builder(args: dict):
     """For `serve run specexport.serve.ray_app:app_builder bundle=PATH [replicas=N max_batch=N max_queue=N
-    prefill_budget=N threads=N drain_timeout=S api_key=KEY model_name=NAME]`."""
+    prefill_budget=N prefix_cache_mb=MB threads=N drain_timeout=S api_key=KEY model_name=NAME]`."""
     ints = {"replicas", "max_batch", "max_queue", "prefill_budget", "threads", "port"}
-    a = {k: int(v) if k in ints else float(v) if k == "drain_timeout" else v for k, v in args.items()}
+    a = {k: int(v) if k in ints else float(v) if k in ("drain_timeout", "prefix_cache_mb") else v
+         for k, v in args.items()}
     replicas = a.pop("replicas", 1)
     return deployment(ServeConfig(**a), replicas)
 

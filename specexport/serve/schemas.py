@@ -229,9 +229,11 @@ class Reply:
             "choices": [], "usage": usage}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens: prompt tokens the prefix cache held."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # the engine's words -> OpenAI's
