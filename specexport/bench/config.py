@@ -74,6 +74,7 @@ class BenchConfig:
     rate: float | None = None  # requests per second of the Poisson arrivals
     requests: int | None = None  # requests per level (default: every selected question, at least the level)
     prefill_budget: int | None = None  # the engine's prompt tokens per iteration while others decode (None: its default)
+    prefix_cache_mb: float = 64.0  # the engine's prefix cache (0: off); OpenVINO CB's prefix caching on where > 0
     ttft: tuple = ()  # () : not the time-to-first-token mode; else the prompt lengths it times
 
     def __post_init__(self):
@@ -90,6 +91,8 @@ class BenchConfig:
             raise ValueError(f"--arrival must be burst or poisson, got {self.arrival!r}")
         if self.arrival == "poisson" and not (self.rate and self.rate > 0):
             raise ValueError("--arrival poisson needs --rate R (requests per second, > 0)")
+        if not 0 <= self.prefix_cache_mb <= 2 ** 20:
+            raise ValueError(f"--prefix-cache-mb must be in [0, 1048576], got {self.prefix_cache_mb}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"--prefill-budget must be >= 1, got {self.prefill_budget}")
         if any(not isinstance(n, int) or n < 2 for n in self.ttft):

@@ -74,7 +74,8 @@ class Load:
         pipe, n = self.pipes[tag], self.cfg.max_new_tokens
         biggest = max(pipe.manifest.batch_sizes)
         pipe.successors = pipe.fresh_table()  # each run starts from the bundle's seeded table (or an empty one)
-        pipe.start_engine(max_batch=min(level, biggest), max_queue=len(prompts), prefill_budget=self.cfg.prefill_budget)
+        pipe.start_engine(max_batch=min(level, biggest), max_queue=len(prompts), prefill_budget=self.cfg.prefill_budget,
+                          prefix_cache_mb=self.cfg.prefix_cache_mb)
         pipe.submit(prompts[0][:16], max_new_tokens=2, draft=draft, k=k, **self.sampling).wait()  # warm-up
         out: list = [None] * len(prompts)
 
@@ -103,7 +104,8 @@ class Load:
         pipe.close()
         return out, {"t0": t0, "max_batch": min(level, biggest), "batch": st.get("batch"),
                      "pool_bytes": st.get("pool_peak_bytes"), "steps": st.get("steps"),
-                     "prefill_batch": st.get("prefill_batch"), "prefill_budget": st.get("prefill_budget")}
+                     "prefill_batch": st.get("prefill_batch"), "prefill_budget": st.get("prefill_budget"),
+                     "prefix_cache": st.get("prefix_cache")}
 
     # ---- OpenVINO GenAI: its continuous batching pipeline
     def openvino(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
@@ -115,12 +117,14 @@ class Load:
         spec = ov_spec(meth, self.cfg)
         sc = og.SchedulerConfig()
         sc.max_num_seqs, sc.cache_size, sc.dynamic_split_fuse = level, OV_CACHE_GB, True
+        sc.enable_prefix_caching = self.cfg.prefix_cache_mb > 0  # as ours: like for like
         props = {**spec["props"], **({"prompt_lookup": True} if spec["pld"] else {})}
         with same_sigaltstack():  # OpenVINO's compile leaves a signal stack it may unmap (backends/ov.py)
             p = og.ContinuousBatchingPipeline(spec["model"], sc, "CPU", props)
         self.ov_info[meth] = {"model": str(spec["model"]), "properties": spec["props"],
                               "prompt_lookup": OV_PLD if spec["pld"] else None,
-                              "device_defaults": ov_device_defaults(), "kv_cache_gb": OV_CACHE_GB}
+                              "device_defaults": ov_device_defaults(), "kv_cache_gb": OV_CACHE_GB,
+                              "prefix_caching": sc.enable_prefix_caching}
 
         def gc(n):
             g = og.GenerationConfig()
@@ -289,7 +293,9 @@ def summarize_load(records: list[dict], aggs: list[dict], cfg: BenchConfig, info
         + (" ({:.1f} before the levels, {:.1f} after). ".format(*info["solo_before_after_tokens_per_s"])
            if "solo_before_after_tokens_per_s" in info else ". ") +
         "TTFT: submit -> first text piece; TPOT: seconds per output token after the first. Identical: "
-        "tokens == the same request run alone." + (f" Median of {cfg.repeats} runs." if cfg.repeats > 1 else ""),
+        "tokens == the same request run alone." + (f" Median of {cfg.repeats} runs." if cfg.repeats > 1 else "")
+        + (f" Prefix cache {cfg.prefix_cache_mb:g} MB (OpenVINO CB: its prefix caching on); the solo baseline "
+           "prefills every prompt whole." if cfg.prefix_cache_mb else " No prefix cache (OpenVINO CB's off too)."),
         "", "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
             "TPOT p99 ms | identical | pool MB | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     noisy = []
