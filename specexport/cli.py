@@ -104,7 +104,8 @@ def cmd_serve(a) -> int:
     from .serve.app import ServeConfig
 
     cfg = ServeConfig(bundle=a.bundle, host=a.host, port=a.port, max_batch=a.max_batch, max_queue=a.max_queue,
-                      prefill_budget=a.prefill_budget, prefix_cache_mb=a.prefix_cache_mb,
+                      prefill_budget=a.prefill_budget,
+                      **({} if a.prefix_cache_mb is None else {"prefix_cache_mb": a.prefix_cache_mb}),
                       api_key=a.api_key or os.environ.get("SPECEXPORT_API_KEY") or None, model_name=a.model_name,
                       threads=a.threads, drain_timeout=a.drain_timeout)
     if not Path(a.bundle, "manifest.json").is_file():
@@ -251,10 +252,10 @@ def parser() -> argparse.ArgumentParser:
                    "per engine step while other requests decode (default: one prefill chunk, 64 tokens for a "
                    "default build, per request still prefilling, at most four chunks); a number fixes it "
                    "(docs/benchmarks.md)")
-    s.add_argument("--prefix-cache-mb", type=float, default=64.0, metavar="MB", help="memory for the K/V of "
+    s.add_argument("--prefix-cache-mb", type=float, default=None, metavar="MB", help="memory for the K/V of "
                    "prompts (and ended requests) that later requests start with, such as the chat template's "
                    "system preamble, a shared system prompt or an earlier turn: those tokens are not prefilled "
-                   "again (default 64; 0 turns it off)")
+                   "again (default: the engine's, 256; 0 turns it off)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (default: the "
                    "SPECEXPORT_API_KEY environment variable, else no key); /health and /metrics stay open")
     s.add_argument("--model-name", default="", help="the model id clients send (default: the bundle directory's name)")

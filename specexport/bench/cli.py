@@ -16,7 +16,7 @@ def _ints(s: str) -> tuple:
 
 def parser() -> argparse.ArgumentParser:
     from . import __doc__ as doc
-    from .config import DEFAULT_LOAD_METHODS, DEFAULT_METHODS
+    from .config import DEFAULT_LOAD_METHODS, DEFAULT_METHODS, DEFAULT_MB
 
     p = argparse.ArgumentParser(prog="specexport bench", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,8 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-budget", type=int, default=None, metavar="TOKENS",
                    help="load mode: the engine's prompt tokens per iteration while others decode (default: the "
                         "engine's, one prefill chunk)")
-    p.add_argument("--prefix-cache-mb", type=float, default=64.0, metavar="MB",
-                   help="load mode: the engine's prefix cache (default 64, the engine's; 0 off); OpenVINO GenAI's "
+    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_MB, metavar="MB",
+                   help=f"load mode: the engine's prefix cache (default {DEFAULT_MB}, the engine's; 0 off); OpenVINO GenAI's "
                         "continuous batching runs with its prefix caching on where this is above 0, off at 0")
     p.add_argument("--ttft", type=_ints, default=(), metavar="N1,N2,...",
                    help="the time-to-first-token mode: prompts of these many tokens (cut from the Spec-Bench "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..runtime import SamplingParams
+from ..runtime.prefix import DEFAULT_MB
 
 # the per-question mode's default: every peer that is installed here and our main methods (a peer that is not
 # installed, or whose converted model is missing, is skipped with one line saying how to get it)
@@ -74,7 +75,7 @@ class BenchConfig:
     rate: float | None = None  # requests per second of the Poisson arrivals
     requests: int | None = None  # requests per level (default: every selected question, at least the level)
     prefill_budget: int | None = None  # the engine's prompt tokens per iteration while others decode (None: its default)
-    prefix_cache_mb: float = 64.0  # the engine's prefix cache (0: off); OpenVINO CB's prefix caching on where > 0
+    prefix_cache_mb: float = DEFAULT_MB  # the engine's prefix cache (0: off); OpenVINO CB's prefix caching on where > 0
     ttft: tuple = ()  # () : not the time-to-first-token mode; else the prompt lengths it times
 
     def __post_init__(self):

@@ -19,9 +19,8 @@ from .drafters import ModelDrafter, NgramDrafter, RecycleDrafter, RowDraft, Succ
 from .engine import Completion, Engine, Sequence
 from .text import TextStream
 from .sampling import SamplingParams
-from . import validate
+from . import prefix, validate
 
-PREFIX_CACHE_MB = 64  # the engine's prefix cache by default: ~1,400 tokens of SmolLM2's K/V in float32
 
 
 @dataclass
@@ -171,7 +170,7 @@ class Pipeline:
     # ---- many requests at once
     def start_engine(self, max_batch: int | None = None, max_queue: int = 64,
                      prefill_budget: int | None = None, warm: bool = True,
-                     prefix_cache_mb: float = PREFIX_CACHE_MB) -> Engine:
+                     prefix_cache_mb: float = prefix.DEFAULT_MB) -> Engine:
         """(Re)configure the batching engine that `submit` uses: at most `max_batch` requests decode together
         in one target call per step (default: the bundle's largest batch size), at most `max_queue` more
         wait (past that `submit` raises QueueFull); `prefill_budget`: prompt tokens prefilled per step

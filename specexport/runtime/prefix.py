@@ -23,6 +23,10 @@ import numpy as np
 
 from .prefill import feed
 
+# the engine's budget by default (Pipeline.start_engine, serve and bench --prefix-cache-mb): ~5,700 tokens of SmolLM2's
+# K/V in float32, ~40 Spec-Bench requests' prompts and answers; at 64 MB (~8 of them) a Poisson stream that sent each
+# of 16 prompts twice found none of the second ones still cached (2026-12-06, `epyc-zen3`)
+DEFAULT_MB = 256
 # shorter hits are not taken: they save a few tokens of prefill, and a request with a hit leaves the batched
 # first-chunk call of a burst (its rows must start at n = 0) for a call of its own
 MIN_HIT = 16

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..errors import EngineClosed, PromptTooLong, QueueFull
+from ..runtime.prefix import DEFAULT_MB
 from .metrics import CONTENT_TYPE, Metrics
 from .schemas import FINISH, APIError, ChatRequest, CompletionRequest, Reply, bad_request, parse, usage
 
@@ -42,7 +43,7 @@ class ServeConfig:
     max_batch: int | None = None  # requests decoding at once (batch rows); None: the bundle's largest batch
     max_queue: int = 64  # requests waiting for a row; past that: 429
     prefill_budget: int | None = None  # prompt tokens prefilled per step while others decode (None: the engine's)
-    prefix_cache_mb: float = 64.0  # the engine's prefix cache (runtime/prefix.py); 0: off
+    prefix_cache_mb: float = DEFAULT_MB  # the engine's prefix cache (runtime/prefix.py); 0: off
     api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
     model_name: str = ""  # the id clients send as "model"; "" = the bundle directory's name
     threads: int | None = None  # onnxruntime intra-op threads (None: all cores)
