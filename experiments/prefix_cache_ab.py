@@ -1,4 +1,4 @@
-"""The batching engine with and without its prefix cache (runtime/prefix.py) on the same bursts: 16 Spec-Bench
+"""The batching engine with and without its prefix cache (runtime/prefix.py, DEFAULT_MB) on the same bursts: 16 Spec-Bench
 prompts (chat template: 24 of their 49-120 tokens are its preamble), 128 new tokens, `--level` at once, plain
 decoding and the int4 self-draft with k = "auto", each on a fresh engine, the order reversed every round;
 tokens/s, engine steps and the batch sizes they ran, and whether every output matches the first run's.
@@ -10,6 +10,7 @@ import time
 
 import specexport
 from specexport.bench.config import find_questions, questions
+from specexport.runtime.prefix import DEFAULT_MB
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bundle")
@@ -24,7 +25,7 @@ meths = {"plain": dict(draft="none"), "auto": dict(draft="model", k="auto")}
 meths = {m: meths[m] for m in a.methods.split(",")}
 res, ref = collections.defaultdict(list), {}
 for r in range(a.rounds):
-    order = [(m, mb) for m in meths for mb in (0, 64)]
+    order = [(m, mb) for m in meths for mb in (0, DEFAULT_MB)]
     for m, mb in order[::-1] if r % 2 else order:
         pipe.start_engine(max_batch=a.level, max_queue=64, prefix_cache_mb=mb)
         pipe.submit(prompts[0][:16], max_new_tokens=2, **meths[m]).wait()  # the bench's warm-up

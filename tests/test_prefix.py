@@ -38,7 +38,7 @@ def test_a_copied_prefix_gives_the_bits_of_a_whole_prefill_where_the_engine_keep
             pool.n[:] = 0
             pool.reserve(len(ids))
             whole, _ = feed(t, pool.row(0), ids)
-            pool.load_prefix(1, pool.prefix(0, P), P)
+            pool.load_prefix(1, pool.data[:, :, 0], P)
             rest, _ = feed(t, pool.row(1), ids[P:])
             assert pool.n[1] == len(ids)
             assert np.abs(whole - rest).max() < 1e-4  # the same prompt either way, within float32 rounding
@@ -135,19 +135,26 @@ def test_the_chat_preamble_is_cached_at_start(bundles):
     assert g.token_ids == pipe.generate(SYSTEM + ASKS[2], max_new_tokens=8, draft="none").token_ids
 
 
-def test_cache_keeps_to_its_budget_least_recently_used_out():
-    kv = lambda n: np.zeros((1, 2, 1, n, 4), np.float32)  # noqa: E731  32 bytes a token
-    c = PrefixCache(budget_bytes=32 * 60, token_bytes=32)
+def test_cache_keeps_to_its_budget_in_a_ring_oldest_out():
+    row = np.zeros((1, 2, 1, 8, 4), np.float32)  # a pool row's shape: 32 bytes a token
+    c = PrefixCache(budget_bytes=32 * 60 + 31, row=row)
+    assert c.slots == 60 and c.budget == 32 * 60
+    src = np.arange(2 * 4 * 70, dtype=np.float32).reshape(1, 2, 1, 70, 4)  # each token's K/V told apart
     a, b = list(range(100, 130)), list(range(200, 225))
-    c.insert(a, kv(30))
-    c.insert(b, kv(25))
+    c.insert(a, src)
+    c.insert(b, src)
     assert c.stats()["entries"] == 2 and c.bytes == 32 * 55
-    assert c.lookup(a[:20] + [7, 8]) == (20, c.entries[1][1])  # the longest common prefix, any entry
+    P, kv = c.lookup(a[:20] + [7, 8])  # the longest common prefix, with any entry
+    assert P == 20 and np.array_equal(kv, src[:, :, :, :20])
     assert c.lookup(a)[0] == 29  # never the whole prompt: its last token's logits give the first token
     assert c.lookup(a[:MIN_HIT - 1] + [1, 2, 3])[0] == 0  # too short to be worth it
-    c.insert(a + [1] * 10, kv(40))  # extends a: a's entry is dropped for it; b, least recently used, goes
+    c.insert(a + [1] * 10, src)  # extends a (dropped for it); no room after b: slot 0 on, over a's and b's
     assert c.stats()["entries"] == 1 and c.bytes == 32 * 40 and c.lookup(b)[0] == 0
-    c.insert(a[:20], kv(20))  # held already (a prefix of an entry)
+    P, kv = c.lookup(a + [1] * 10 + [5])
+    assert P == 40 and np.array_equal(kv, src[:, :, :, :40])
+    c.insert(a[:20], src)  # held already (a prefix of an entry)
     assert c.stats()["entries"] == 1
-    c.insert(list(range(61)), kv(61))  # larger than the budget: not kept, nothing evicted
+    c.insert(list(range(61)), src)  # more slots than the ring has: not kept, nothing evicted
     assert c.stats()["entries"] == 1
+    c.insert(b, src)  # after the 40: slots 40-64 pass the end, so 0-24, over the 40's
+    assert list(c.entries) == [0] and c.lookup(b)[0] == 24 and c.lookup(a + [1] * 10)[0] == 0

@@ -208,10 +208,6 @@ class KVPool:
         self.data[:, :, dst, :, :n] = self.data[:, :, src, :, :n]
         self.n[dst], self.high[dst] = n, max(self.high[dst], n)
 
-    def prefix(self, r: int, P: int) -> np.ndarray:
-        """A copy of row r's slots [0, P): [L, 2, Hkv, P, D] (what the engine's prefix cache keeps)."""
-        return self.data[:, :, r, :, :P].copy()
-
     def load_prefix(self, r: int, kv: np.ndarray, P: int) -> None:
         """Row r (just acquired) takes positions [0, P) from kv [L, 2, Hkv, >=P, D]; n[r] = P."""
         self.reserve(P)
