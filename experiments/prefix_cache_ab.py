@@ -1,5 +1,5 @@
-"""The batching engine with and without its prefix cache (runtime/prefix.py, DEFAULT_MB) on the same bursts: 16 Spec-Bench
-prompts (chat template: 24 of their 49-120 tokens are its preamble), 128 new tokens, `--level` at once, plain
+"""The batching engine with and without its prefix cache (runtime/prefix.py, DEFAULT_MB) on the same bursts: 16
+Spec-Bench prompts (chat template: 24 of their 49-120 tokens are its preamble), 128 new tokens, `--level` at once, plain
 decoding and the int4 self-draft with k = "auto", each on a fresh engine, the order reversed every round;
 tokens/s, engine steps and the batch sizes they ran, and whether every output matches the first run's.
     python experiments/prefix_cache_ab.py BUNDLE [--level 8] [--rounds 2] [--methods plain,auto]"""

@@ -907,7 +907,7 @@ class Engine:
         """Prefill `ids` once on a free row and keep their K/V for the requests that start with them (a
         service's system prompt; Pipeline.start_engine gives it the chat template's preamble). Call it before
         submitting requests, from the thread that started the engine."""
-        if self.prefixes is None or len(ids) < 2:
+        if self.prefixes is None or len(ids) < 2 or not self.pool.free:
             return
         r = self.pool.acquire()
         try:

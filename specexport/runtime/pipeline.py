@@ -22,7 +22,6 @@ from .sampling import SamplingParams
 from . import prefix, validate
 
 
-
 @dataclass
 class Generation:
     text: str = ""
