@@ -36,8 +36,8 @@ class PrefixCache:
     """Entries in one ring of token slots, `arena` [L, 2, Hkv, slots, D], allocated once (np.zeros: its pages are
     mapped as first written and then stay): a new entry takes the next run of slots and evicts the entries
     there, the oldest first (the ring wraps to slot 0 when a run would pass its end). Copies into fresh arrays
-    instead (one per entry, ~9 MB for a SmolLM2 request of 200 tokens) took 3-9 ms each on a 2-core VM, mostly
-    the new pages' faults: 0.1-0.3 s of an 11 s burst at 8 requests (2026-12-06, `epyc-zen3`)."""
+    instead (one per entry, ~9 MB for a SmolLM2 request of 200 tokens) took 3-9 ms each on a 2-core VM (the new
+    pages' faults, it seems; not profiled): 0.1-0.3 s of an 11 s burst at 8 requests (2026-12-06, `epyc-zen3`)."""
 
     def __init__(self, budget_bytes: int, row: np.ndarray):
         """row: one pool row's buffer [L, 2, Hkv, S, D] (its shape and dtype)."""
