@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..runtime import SamplingParams
+from ..runtime import SamplingParams, validate
 from ..runtime.prefix import DEFAULT_MB
 
 # the per-question mode's default: every peer that is installed here and our main methods (a peer that is not
@@ -92,8 +92,7 @@ class BenchConfig:
             raise ValueError(f"--arrival must be burst or poisson, got {self.arrival!r}")
         if self.arrival == "poisson" and not (self.rate and self.rate > 0):
             raise ValueError("--arrival poisson needs --rate R (requests per second, > 0)")
-        if not 0 <= self.prefix_cache_mb <= 2 ** 20:
-            raise ValueError(f"--prefix-cache-mb must be in [0, 1048576], got {self.prefix_cache_mb}")
+        validate.prefix_cache_mb(self.prefix_cache_mb)  # the engine's own check
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"--prefill-budget must be >= 1, got {self.prefill_budget}")
         if any(not isinstance(n, int) or n < 2 for n in self.ttft):

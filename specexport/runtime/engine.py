@@ -231,7 +231,7 @@ class Engine:
         # where a copied prefix gives the bits of a whole prefill (checked now: a few prefill calls)
         self.prefixes = None
         if prefix_cache and isinstance(self.pool.data, np.ndarray):
-            if prefix_exact(target, target.entry.profiles.get("prefill", 1)):
+            if prefix_exact(target, self.chunk):
                 self.prefixes = PrefixCache(prefix_cache, self.pool.data[:, :, 0])
             else:
                 log.info("specexport: no prefix cache on this target: a prompt prefilled in parts rounds apart "

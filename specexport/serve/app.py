@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..errors import EngineClosed, PromptTooLong, QueueFull
+from ..runtime import validate
 from ..runtime.prefix import DEFAULT_MB
 from .metrics import CONTENT_TYPE, Metrics
 from .schemas import FINISH, APIError, ChatRequest, CompletionRequest, Reply, bad_request, parse, usage
@@ -60,9 +61,7 @@ class ServeConfig:
             raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
         if self.prefill_budget is not None and not (isinstance(self.prefill_budget, int) and self.prefill_budget >= 1):
             raise ValueError(f"prefill_budget must be an integer >= 1, got {self.prefill_budget!r}")
-        if not (isinstance(self.prefix_cache_mb, (int, float)) and not isinstance(self.prefix_cache_mb, bool)
-                and 0 <= self.prefix_cache_mb <= 2 ** 20):
-            raise ValueError(f"prefix_cache_mb must be a number in [0, 1048576] (0: off), got {self.prefix_cache_mb!r}")
+        validate.prefix_cache_mb(self.prefix_cache_mb)  # the engine's own check (an OptionError is a ValueError)
         if self.max_body_bytes < 1 or self.drain_timeout < 0:
             raise ValueError("max_body_bytes must be >= 1 and drain_timeout >= 0")
         if self.api_key is not None and not self.api_key:
