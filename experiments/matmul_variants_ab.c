@@ -41,6 +41,7 @@ void P(run)(const float *x, const void *panels, float *y, int64_t M, int64_t K, 
 #else
 #include "sweep_ab.h"
 const void *specexport_ort = 0; /* ops.h's, unused here */
+void specexport_kept_own(void **buf, size_t *cap) { (void)buf, (void)cap; } /* gqa.c's; buffers kept for life */
 typedef void *Pack(const float *, int64_t, int64_t);
 typedef void Run(const float *, const void *, float *, int64_t, int64_t, int64_t, int);
 Pack a_pack_f32, b_pack_f32;

@@ -166,13 +166,27 @@ static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t 
 }
 
 #else
+/* A thread's prefetch cursors into the panel after the one its blocks read: `lines` cache lines of its
+ * nibbles and `slines` of its scales per block (b) a block function runs, spread so that the panel's passes
+ * (h0, row blocks) bring in the whole next panel by the time they end. Without them the passes wait on each
+ * line of a panel they read first: SmolLM2's 121 int4 weights (84 MB packed) swept from memory at 1-2 rows
+ * took 4.1-5.2 ms, with them 2.8-4.1 (AVX2, 2026-12-06, epyc-zen3; docs/benchmarks.md "The int4 draft's
+ * weights prefetched"). */
+typedef struct {
+  const char *w, *wend, *s, *send;
+  int lines, slines;
+} Ahead;
+static inline void ahead(Ahead *a) {
+  for (int i = 0; i < a->lines && a->w < a->wend; i++, a->w += 64) __builtin_prefetch(a->w, 0, 1);
+  for (int i = 0; i < a->slines && a->s < a->send; i++, a->s += 64) __builtin_prefetch(a->s, 0, 1);
+}
 /* AVX2 without VNNI (8 int32 lanes: a 64-byte group's 16 columns as two halves of 8, "half-groups" hg = 2 i + h,
  * at byte 32 hg of each (panel, block, j) unit). VPDPBUSD's exact 4-product sums become VPMADDUBSW (u8 nibble x
  * s8 activation, adjacent pairs into int16: |15 x 127 x 2| = 3,810, never saturates) added in int16 over the
  * block's 4 j, lo and hi (16 products a lane, |sum| <= 30,480 < 32,767: exact), then VPMADDWD by 1 into int32:
  * the same integer block dot as VPDPBUSD's, so the same float arithmetic after it and the same bits. */
 #define ROWS(R, H)                                                                                            \
-  static void rows##R##_##H(const Kernel *k, const Call *c, int64_t p, int64_t r0, int h0) {                \
+  static void rows##R##_##H(const Kernel *k, const Call *c, int64_t p, int64_t r0, int h0, Ahead *ah) {     \
     const int64_t nb = k->nb, Kp = nb * QB;                                                                 \
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);                                  \
     __m256 acc[R][H];                                                                                       \
@@ -182,6 +196,7 @@ static void quantise(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t 
     const float *s = k->s + p * nb * GC * NG + 8 * h0;                                                      \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
       __m256i d[R][H];                                                                                      \
+      ahead(ah);                                                                                            \
       for (int r = 0; r < R; r++)                                                                           \
         for (int h = 0; h < H; h++) d[r][h] = _mm256_setzero_si256();                                       \
       _Pragma("GCC unroll 1") /* unrolled, GCC held all 4 j's products at once and spilled them */         \
@@ -232,29 +247,36 @@ ROWS(5, 1)
 ROWS(6, 1)
 ROWS(7, 1)
 ROWS(8, 1)
-typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int);
+typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int, Ahead *);
 #define RB1 8 /* rows per register block over one half-group: 8 int16 accumulators */
 static const Rows rows1[RB1 + 1] = {NULL, rows1_1, rows2_1, rows3_1, rows4_1, rows5_1, rows6_1, rows7_1, rows8_1};
 
 /* One row takes a panel's 8 half-groups 4 at a time, 2 rows 4 at a time, 3 rows 2 at a time (each weight byte
- * unpacked once per call); from 4 rows on, one half-group at a time, up to 8 rows at a time (9 rows: 5 + 4). */
+ * unpacked once per call); from 4 rows on, one half-group at a time, up to 8 rows at a time (9 rows: 5 + 4).
+ * While a panel's passes run, the next panel of the thread's share is prefetched (Ahead). */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
   const Kernel *k = c->k;
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
   int H = c->M <= 2 ? 4 : c->M == 3 ? 2 : 1;
   Rows few = c->M == 1 ? rows1_4 : c->M == 2 ? rows2_4 : rows3_2;
-  int64_t nblk = (c->M + RB1 - 1) / RB1;
-  for (int64_t q = p0; q < p1; q++)
+  int64_t nblk = c->M <= 3 ? 1 : (c->M + RB1 - 1) / RB1, passes = 2 * NG / H * nblk;
+  const int64_t wbytes = k->nb * 256 * NG, sbytes = k->nb * GC * NG * 4; /* a panel's nibbles and scales */
+  Ahead ah = {.lines = (int)((wbytes / 64 + passes * k->nb - 1) / (passes * k->nb)),
+              .slines = (int)((sbytes / 64 + passes * k->nb - 1) / (passes * k->nb))};
+  for (int64_t q = p0; q < p1; q++) {
+    const char *wn = (const char *)k->w + (q + 1) * wbytes, *sn = (const char *)k->s + (q + 1) * sbytes;
+    ah.w = wn, ah.wend = q + 1 < p1 ? wn + wbytes : wn, ah.s = sn, ah.send = q + 1 < p1 ? sn + sbytes : sn;
     for (int h0 = 0; h0 < 2 * NG; h0 += H)
       if (c->M <= 3)
-        few(k, c, q, 0, h0);
+        few(k, c, q, 0, h0, &ah);
       else
         for (int64_t i = 0, r = 0; i < nblk; i++) {
           int64_t r1 = c->M * (i + 1) / nblk;
-          rows1[r1 - r](k, c, q, r, h0);
+          rows1[r1 - r](k, c, q, r, h0, &ah);
           r = r1;
         }
+  }
 }
 
 /* rows [m0, m1) of x [M, K] as int8 per block of QB k (zero past K), their scales and 8 x their sums: the
