@@ -50,4 +50,5 @@ for B, T in cases:
     print(f"({B},{T}): {other} {o:.2f} ms, specexport {u:.2f} ms, {o / u:.2f}x")
 if against:  # the same inputs and caches on both sides: the same logits, bit for bit, where only speed changed
     outs = {w: fused_call(s, cache[w], n4, 1, V)[1] for w, s in sess.items()}
-    print(f"(4, 1) logits, specexport against {other}: max |diff| {float(np.abs(outs[other] - outs['specexport']).max()):.3g}")
+    diff = float(np.abs(outs[other] - outs["specexport"]).max())
+    print(f"(4, 1) logits, specexport against {other}: max |diff| {diff:.3g}")

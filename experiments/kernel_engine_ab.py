@@ -43,11 +43,12 @@ def main() -> None:
             pipes[name] = specexport.load(a.bundle, threads=2)
     for name, p in pipes.items():
         print(name, "kernel:", p.target.kernel or "onnxruntime's")
+    names = ((f"A ({a.against}'s kernels)", "B (the working tree's)") if a.against
+             else ("A (onnxruntime's kernel)", "B (specexport's)"))
     prompts = start(pipes, a)
     rates, toks = interleave(pipes, prompts, a.max_new_tokens, a.rounds, draft=a.draft, k=k)
     print(f"level {a.level}, draft {a.draft} k {a.k}, {len(prompts)} prompts, {a.max_new_tokens} new tokens, "
-          f"{a.rounds} rounds: " + summary(rates, toks, *((f"A ({a.against}'s kernels)", "B (the working tree's)") if a.against
-                                     else ("A (onnxruntime's kernel)", "B (specexport's)"))))
+          f"{a.rounds} rounds: " + summary(rates, toks, *names))
 
 
 if __name__ == "__main__":
