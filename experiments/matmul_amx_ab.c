@@ -11,6 +11,7 @@
 #include "sweep_ab.h"
 #include <math.h>
 const OrtApi *specexport_ort = 0; /* ops.h's, unused here */
+void specexport_kept_own(void **buf, size_t *cap) { (void)buf, (void)cap; } /* gqa.c's; buffers kept for life */
 static uint32_t *XP[2];
 static void go(int which) {
   Call c = {.x = (const float *)XP[curV], .panels = panels[curV][curI], .y = Y, .M = curM, .K = dot_rows(KK[curI], curV),

@@ -64,14 +64,7 @@ int main(int argc, char **argv) {
   float *Y0 = buffers(Mmax);
   double (*t)[32][200] = calloc(2, sizeof *t);
   sweeps(Ms, nm, rounds, t, call);
-  for (int m = 0; m < nm; m++) {
-    heads(Ms[m], Y0, call);
-    double md[5];
-    medians(t, m, rounds, md);
-    int same = !memcmp(Y0, Y, 4 * curM * 49152);
-    printf("M=%d: A %.2f ms, B %.2f ms, B/A per round %.3f (%.2f-%.2f), outputs %s\n", Ms[m], md[0] * 1e3,
-           md[1] * 1e3, md[2], md[3], md[4], same ? "identical" : "DIFFER");
-  }
+  report(Ms, nm, rounds, t, Y0, call);
   gen = -1;
   return 0;
 }

@@ -92,3 +92,15 @@ static void heads(int M, float *Y0, void (*call)(int, int)) {
   memcpy(Y0, Y, 4 * curM * 49152);
   call(1, NW - 1);
 }
+/* per M: both ways' median ms, the median (and range) of their per-round ratio, and whether the head's outputs
+ * are the same bits both ways (Y0: a buffer of Y's size) */
+static void report(const int *Ms, int nm, int rounds, double (*t)[32][200], float *Y0, void (*call)(int, int)) {
+  for (int m = 0; m < nm; m++) {
+    heads(Ms[m], Y0, call);
+    double md[5];
+    medians(t, m, rounds, md);
+    int same = !memcmp(Y0, Y, 4 * curM * 49152);
+    printf("M=%d: A %.2f ms, B %.2f ms, B/A per round %.3f (%.2f-%.2f), outputs %s\n", Ms[m], md[0] * 1e3,
+           md[1] * 1e3, md[2], md[3], md[4], same ? "identical" : "DIFFER");
+  }
+}
