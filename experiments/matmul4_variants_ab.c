@@ -59,24 +59,17 @@ Prep a_prep, b_prep;
 Run a_run, b_run;
 static Run *const runs[2] = {a_run, b_run};
 static void go(int which) { runs[curV](panels[curV][curI], Y, curM, which); }
-static void call(int v, int i) {
-  curV = v, curI = i;
-  both();
-}
 int main(int argc, char **argv) {
   int Ms[32], nm, rounds;
   int64_t Mmax = args(argc, argv, Ms, &nm, &rounds);
   if (!Mmax) return 2;
   for (int i = 0; i < NW; i++) {
-    free(weight(i)); /* sets KK[i], NN[i] */
+    shape(i);
     panels[0][i] = a_make(KK[i], NN[i]), panels[1][i] = b_make(KK[i], NN[i]);
   }
   float *Y0 = buffers(Mmax);
   a_prep(X, Mmax), b_prep(X, Mmax);
-  double(*t)[32][200] = calloc(2, sizeof *t);
-  sweeps(Ms, nm, rounds, t, call);
-  report(Ms, nm, rounds, t, Y0, call);
-  gen = -1;
+  sweep_and_report(Ms, nm, rounds, Y0);
   return 0;
 }
 #endif

@@ -48,10 +48,6 @@ Pack a_pack_f32, b_pack_f32;
 Run a_run, b_run;
 static Run *const runs[2] = {a_run, b_run};
 static void go(int which) { runs[curV](X, panels[curV][curI], Y, curM, KK[curI], NN[curI], which); }
-static void call(int v, int i) {
-  curV = v, curI = i;
-  both();
-}
 int main(int argc, char **argv) {
   int Ms[32], nm, rounds;
   int64_t Mmax = args(argc, argv, Ms, &nm, &rounds);
@@ -62,10 +58,7 @@ int main(int argc, char **argv) {
     free(B);
   }
   float *Y0 = buffers(Mmax);
-  double (*t)[32][200] = calloc(2, sizeof *t);
-  sweeps(Ms, nm, rounds, t, call);
-  report(Ms, nm, rounds, t, Y0, call);
-  gen = -1;
+  sweep_and_report(Ms, nm, rounds, Y0);
   return 0;
 }
 #endif

@@ -37,17 +37,27 @@ static void both(void) {
   go(0);
   while (__atomic_load_n(&done1, __ATOMIC_ACQUIRE) != g) ;
 }
+/* call(v, i) where nothing but go() differs between the ways: weight i the way v on both threads */
+__attribute__((unused)) static void call_both(int v, int i) {
+  curV = v, curI = i;
+  both();
+}
 static int cmp(const void *a, const void *b) { return *(double *)a < *(double *)b ? -1 : *(double *)a > *(double *)b; }
-/* the weights' shapes, and weight i's values (deterministic) in a fresh buffer */
-static float *weight(int i) {
-  static const int64_t shape[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
-  KK[i] = i < NW - 1 ? shape[i % 4][0] : 576, NN[i] = i < NW - 1 ? shape[i % 4][1] : 49152;
+/* weight i's shape into KK[i], NN[i] */
+static void shape(int i) {
+  static const int64_t kn[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
+  KK[i] = i < NW - 1 ? kn[i % 4][0] : 576, NN[i] = i < NW - 1 ? kn[i % 4][1] : 49152;
+}
+/* weight i's shape, and its values (deterministic) in a fresh buffer */
+__attribute__((unused)) static float *weight(int i) {
+  shape(i);
   float *B = malloc(4 * KK[i] * NN[i]);
   for (int64_t e = 0; e < KK[i] * NN[i]; e++) B[e] = (float)((e * 7919 + i) % 1000) / 1000.f - 0.5f;
   return B;
 }
 /* t[way][m][round]: seconds of a whole sweep at Ms[m] rows, the way that runs first alternating; the worker
- * thread is started here. call(v, i): one weight's call the way v (the includer's; it ends with both()). */
+ * thread is started here. call(v, i): one weight's call the way v (call_both, or the includer's own; it ends
+ * with both()). */
 static void sweeps(const int *Ms, int nm, int rounds, double (*t)[32][200], void (*call)(int, int)) {
   pthread_t th;
   pthread_create(&th, NULL, worker, NULL);
@@ -94,7 +104,8 @@ static void heads(int M, float *Y0, void (*call)(int, int)) {
 }
 /* per M: both ways' median ms, the median (and range) of their per-round ratio, and whether the head's outputs
  * are the same bits both ways (Y0: a buffer of Y's size) */
-static void report(const int *Ms, int nm, int rounds, double (*t)[32][200], float *Y0, void (*call)(int, int)) {
+__attribute__((unused)) static void report(const int *Ms, int nm, int rounds, double (*t)[32][200], float *Y0,
+                                                 void (*call)(int, int)) {
   for (int m = 0; m < nm; m++) {
     heads(Ms[m], Y0, call);
     double md[5];
@@ -103,4 +114,12 @@ static void report(const int *Ms, int nm, int rounds, double (*t)[32][200], floa
     printf("M=%d: A %.2f ms, B %.2f ms, B/A per round %.3f (%.2f-%.2f), outputs %s\n", Ms[m], md[0] * 1e3,
            md[1] * 1e3, md[2], md[3], md[4], same ? "identical" : "DIFFER");
   }
+}
+/* the sweeps of both ways at each M and their report, then the worker thread told to end (ways that differ only
+ * in go(): call_both) */
+__attribute__((unused)) static void sweep_and_report(const int *Ms, int nm, int rounds, float *Y0) {
+  double(*t)[32][200] = calloc(2, sizeof *t);
+  sweeps(Ms, nm, rounds, t, call_both);
+  report(Ms, nm, rounds, t, Y0, call_both);
+  gen = -1;
 }

@@ -260,7 +260,7 @@ static void part(void *arg, size_t p) {
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
   int H = c->M <= 2 ? 4 : c->M == 3 ? 2 : 1;
   Rows few = c->M == 1 ? rows1_4 : c->M == 2 ? rows2_4 : rows3_2;
-  int64_t nblk = c->M <= 3 ? 1 : (c->M + RB1 - 1) / RB1, passes = 2 * NG / H * nblk;
+  int64_t nblk = (c->M + RB1 - 1) / RB1, passes = 2 * NG / H * nblk; /* 1 block up to 8 rows */
   const int64_t wbytes = k->nb * 256 * NG, sbytes = k->nb * GC * NG * 4; /* a panel's nibbles and scales */
   Ahead ah = {.lines = (int)((wbytes / 64 + passes * k->nb - 1) / (passes * k->nb)),
               .slines = (int)((sbytes / 64 + passes * k->nb - 1) / (passes * k->nb))};
