@@ -1,5 +1,5 @@
-"""specexport's MatMulNBits (specexport/kernels/matmul4.c), int4 weights and int8 activations, on real onnxruntime
-sessions: one-node graphs against the documented arithmetic, its rows' independence from their call, and an
+"""specexport's MatMulNBits (specexport/kernels/matmul4.c), int4 (and int8) weights and int8 activations, on real
+onnxruntime sessions: one-node graphs against the documented arithmetic, its rows' independence from their call, and an
 int4-a8 bundle built from a tiny checkpoint whose speculation stays token-identical to its plain decoding."""
 import numpy as np
 import onnx
@@ -23,34 +23,35 @@ def vnni():
                     "MatMulNBits runs")
 
 
-def quantised(K: int, N: int, seed: int):
+def quantised(K: int, N: int, seed: int, bits: int = 4):
     """Random 4-bit weights as MatMulNBits takes them (B [N, K/32, 16]: k = 2i in byte i's low nibble, 2i + 1 in
-    its high; scales [N, K/32]) and the nibbles q [N, K] themselves."""
+    its high; scales [N, K/32]) and the nibbles q [N, K] themselves; 8-bit: B [N, K/32, 32], byte k holds q."""
     nb = -(-K // 32)
     rng = np.random.default_rng(seed)
     q = np.zeros((N, nb * 32), np.uint8)
-    q[:, :K] = rng.integers(0, 16, (N, K))
-    B = (q[:, 0::2] | q[:, 1::2] << 4).reshape(N, nb, 16).astype(np.uint8)
+    q[:, :K] = rng.integers(0, 1 << bits, (N, K))
+    B = (q[:, 0::2] | q[:, 1::2] << 4).reshape(N, nb, 16).astype(np.uint8) if bits == 4 else q.reshape(N, nb, 32)
     S = (rng.random((N, nb)) * 0.02 + 1e-3).astype(np.float32)
     return B, S, q
 
 
-def session(tmp_path, K, N, B, S, nbits=True, level=4):
-    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=K, N=N, bits=4,
+def session(tmp_path, K, N, B, S, nbits=True, level=4, bits=4):
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=K, N=N, bits=bits,
                             block_size=32, accuracy_level=level)
     g = helper.make_graph([node], "mm4", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
                           [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")])
-    path = tmp_path / f"mm4-{K}-{N}-{nbits}-{level}.onnx"
+    path = tmp_path / f"mm4-{K}-{N}-{nbits}-{level}-{bits}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
               path)
     return ort.InferenceSession(str(path), session_options(None, kernels.library(64), "float32", nbits),
                                 providers=["CPUExecutionProvider"])
 
 
-def reference(x: np.ndarray, q: np.ndarray, S: np.ndarray) -> np.ndarray:
+def reference(x: np.ndarray, q: np.ndarray, S: np.ndarray, bits: int = 4) -> np.ndarray:
     """The kernel's arithmetic in float64: each row's activations per block of 32 as int8 (max|a| / 127, to
-    nearest even), exact int32 block sums of (q - 8) x qa, scaled by both scales and summed over the blocks."""
+    nearest even), exact int32 block sums of (q - 8) x qa (8-bit weights: q - 128), scaled by both scales and
+    summed over the blocks."""
     M, K = x.shape
     nb = S.shape[1]
     a = np.zeros((M, nb * 32), np.float32)
@@ -59,25 +60,26 @@ def reference(x: np.ndarray, q: np.ndarray, S: np.ndarray) -> np.ndarray:
     amax = np.abs(a).max(-1)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     qa = np.clip(np.rint(a * inv[..., None]), -127, 127)
-    w = q.astype(np.float64).reshape(-1, nb, 32) - 8
+    w = q.astype(np.float64).reshape(-1, nb, 32) - (1 << bits - 1)
     dots = np.einsum("mbk,nbk->mnb", qa, w)
     return (dots * (amax / np.float32(127))[:, None, :] * S[None].astype(np.float64)).sum(-1)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("K,N", [(64, 1), (64, 17), (96, 64), (80, 100), (576, 130), (1536, 70)])
-def test_matmul4_is_the_documented_arithmetic(tmp_path, K, N):
-    """Every panel shape (a partial last group and panel, a partial last block of k), 1 to 9 rows: within float
-    rounding of the documented int8 x int4 arithmetic, and within the int8 activations' error of the float32
-    product with the dequantised weights."""
-    B, S, q = quantised(K, N, K + N)
-    s = session(tmp_path, K, N, B, S)
-    W = (q[:, :K].astype(np.float32) - 8) * np.repeat(S, 32, axis=1)[:, :K]
+def test_matmul4_is_the_documented_arithmetic(tmp_path, K, N, bits):
+    """Every panel shape (a partial last group and panel, a partial last block of k), 1 to 9 rows, 4- and 8-bit
+    weights: within float rounding of the documented int8 x int4 (int8) arithmetic, and within the int8
+    activations' error of the float32 product with the dequantised weights."""
+    B, S, q = quantised(K, N, K + N, bits)
+    s = session(tmp_path, K, N, B, S, bits=bits)
+    W = (q[:, :K].astype(np.float32) - (1 << bits - 1)) * np.repeat(S, 32, axis=1)[:, :K]
     rng = np.random.default_rng(N)
     for M in (1, 2, 3, 4, 7, 9):
         x = rng.standard_normal((M, K), dtype=np.float32)
         x[0, :5] = 0  # a block may start with zeros; a whole zero row is checked below
         y = s.run(None, {"A": x})[0]
-        ref = reference(x, q, S)
+        ref = reference(x, q, S, bits)
         assert y.shape == (M, N) and np.abs(y - ref).max() <= 1e-5 * (1 + np.abs(ref).max()), (M, K, N)
         assert np.abs(y - x @ W.T).max() <= 0.02 * np.abs(x @ W.T).max() + 1e-4
     assert not s.run(None, {"A": np.zeros((2, K), np.float32)})[0].any()
@@ -158,3 +160,23 @@ def test_int4_a8_bundle_on_the_kernel_speculates_token_identically(ckpts, tmp_pa
         assert [g.token_ids for g in got] == [plain[p] for p in prompts]
     finally:
         pipe.close()
+
+
+def test_int8_self_draft_on_the_kernel(ckpts, tmp_path):
+    """An int8 self-draft (--draft self:int8) runs its MatMulNBits on the kernel, reads the target's cache, and is
+    the default draft as the int4 one is; solo and on the batching engine (greedy and Gumbel) every request gets
+    its plain decoding's tokens, and its proposals are accepted."""
+    pipe = specexport.load(build_bundle(tmp_path / "i8", ckpts["target"], "self:int8", ks=(2, 4), batch_sizes=(1, 2)))
+    assert pipe.draft.entry.kind == "int8" and pipe.draft.nbits and pipe._self_draft_pays()
+    prompts = ("hello world", "one two three one two three one two", "a b c d e f g")
+    for kw in ({}, dict(temperature=0.8, seed=5)):
+        plain = [pipe.generate(p, max_new_tokens=24, draft="none", **kw).token_ids for p in prompts]
+        solo = [pipe.generate(p, max_new_tokens=24, draft="model", k=4, **kw) for p in prompts]
+        assert [g.token_ids for g in solo] == plain
+        assert sum(g.stats.accepted for g in solo) > 0
+        pipe.start_engine(max_batch=2, warm=False)
+        try:
+            got = pipe.generate_batch(list(prompts), max_new_tokens=24, **kw)  # the default draft: the model
+            assert [g.token_ids for g in got] == plain
+        finally:
+            pipe.close()

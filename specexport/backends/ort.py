@@ -41,10 +41,10 @@ class OrtBackend(BackendBase):
             raise OptionError(f"backend onnxruntime-{weights} holds the target's weights in specexport's MatMul "
                               f"kernel, but {why}; use backend onnxruntime (float32)")
         self.weights = "float32" if why else weights  # a draft that cannot only proposes in float32: still lossless
-        # int4 weights with int8 activations (a target built so, or an int4 draft: drafts are built at level 4):
-        # their MatMulNBits on specexport's kernel (kernels/matmul4.c)
-        a8 = entry.activations == "int8" or (entry.role == "draft" and entry.kind == "int4")
-        self.nbits = bool(self.kernel and a8 and entry.kind == "int4" and kernels.matmul4_on(self.kernel))
+        # int4 (or int8) weights with int8 activations (a target built so, or an int4 / int8 draft: drafts are built
+        # at level 4): their MatMulNBits on specexport's kernel (kernels/matmul4.c)
+        a8 = entry.activations == "int8" or (entry.role == "draft" and entry.kind in ("int4", "int8"))
+        self.nbits = bool(self.kernel and a8 and entry.kind in ("int4", "int8") and kernels.matmul4_on(self.kernel))
         self.session = ort.InferenceSession(str(root / entry.graph),
                                             session_options(threads, self.kernel, self.weights, self.nbits),
                                             providers=providers or ["CPUExecutionProvider"])

@@ -114,14 +114,15 @@ class Pipeline:
                             adaptive=adaptive)
 
     def _self_draft_pays(self) -> bool:
-        """Whether the bundle's self-draft (an int4 copy of the target) is the default draft: where it reads the
-        target's cache and runs specexport's int4 kernel (`nbits`), a drafted token costs ~0.22 of a float32
+        """Whether the bundle's self-draft (an int4 or int8 copy of the target) is the default draft: where it reads
+        the target's cache and runs specexport's int4 kernel (`nbits`; int8 on the same), a drafted token costs ~0.22
+        of a float32
         SmolLM2 step and it led recycle solo (1.52-1.62x plain against 1.17-1.24x) and on the batching engine at
         1, 2 and 4 requests (1.67x / 1.47x / 1.08x plain against 1.44x / 1.35x / 1.02x; level at 8), docs/
         benchmarks.md "The self-draft on the target's pool". On onnxruntime's kernels it cost ~half a target
         step per drafted token and stayed below recycle; an early-exit slice has a cache of its own."""
         d = self.draft
-        return (d is not None and self.target.entry.speculative and d.entry.kind == "int4"
+        return (d is not None and self.target.entry.speculative and d.entry.kind in ("int4", "int8")
                 and bool(getattr(d, "nbits", False)) and shares_cache(self.target, d))
 
     def _free_draft(self) -> str:
@@ -238,8 +239,8 @@ class Pipeline:
         ids, stop, cfg = c.request
         g = c.generation
         g.stats.prompt_tokens = len(ids)
-        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg), "model": RowDraft,
-                   "none": lambda: None}[cfg.draft]()
+        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg),
+                   "model": lambda: RowDraft(self.successors), "none": lambda: None}[cfg.draft]()
         return Sequence(c, list(ids), cfg, TextStream(self.tokenizer, self.eos, stop, cfg.max_new_tokens, g),
                         drafter=drafter, pick=Picker(cfg.sampling))
 
