@@ -4,7 +4,7 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
-        [--max-t T] [--calls-priced] [--guard-from B] [--no-fill] [--draft recycle|model|ngram]
+        [--max-t T] [--calls-priced] [--guard-from B] [--draft recycle|model|ngram]
 --draft: the drafter of the adaptive and fixed-k methods (recycle by default; model is the bundle's draft).
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
@@ -14,13 +14,10 @@ step by its call alone and only the steps of T > 1 as speculation's, as before 2
 drafting before the call not counted; it still drafts nothing while paused).
 --guard-from B: a fourth method, the adaptive choice with the speculation guard acting only on calls of B or
 more rows (below B it never pauses, as at one row).
---no-fill: a fourth method, the adaptive choice without the successor table's continuation of the draft model's
-chains (Engine.fill off: the draft length chosen among the built profiles' k alone, as before 2026-12-07).
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
-token). The speculation guard and the chains' pooled acceptance start empty for every burst, the successor table
-as a new pipeline's does: the bundle's seeded one (since 2026-12-07 03:00 UTC; before, empty).
+token). The successor table, the speculation guard and the chains' pooled acceptance start empty for every burst.
 Each level's engine first prefills every prompt once, unmeasured (2 new tokens each), so that its prefix cache
 holds the same prompts for every measured burst (since 2026-12-07: before, round 0's first burst, plain's, ran
 without them and the later ones with them).
@@ -36,8 +33,8 @@ from specexport.bench.config import find_questions
 from specexport.runtime.costs import Payoff
 from specexport.runtime.engine import Engine
 
-HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None, "fill": True}  # --plain-from: calls of
-# this many rows or more take T = 1; --max-t; --calls-priced; --guard-from; --no-fill
+HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None}  # --plain-from: calls of this many
+# rows or more take T = 1; --max-t; --calls-priced; --guard-from
 _choose_T = Engine._choose_T
 _record = Payoff.record
 _allows = Payoff.allows
@@ -65,9 +62,7 @@ Engine._choose_T = choose_T
 
 
 def burst(pipe, prompts, n, opts):
-    pipe.successors = pipe.fresh_table()
-    pipe.engine.fill = HOLD["fill"]
-    pipe.engine.reset_fill()  # and the rates of its fill
+    pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
     pipe.engine.payoff = Payoff()  # the speculation guard starts afresh too, whatever the burst before did
     pipe.engine.chains = {}  # and the chain drafters' acceptance that new requests start from
     t = time.perf_counter()
@@ -89,7 +84,6 @@ def main() -> None:
     p.add_argument("--max-t", type=int, default=None)
     p.add_argument("--calls-priced", action="store_true")
     p.add_argument("--guard-from", type=int, default=None)
-    p.add_argument("--no-fill", action="store_true")
     p.add_argument("--draft", default="recycle", choices=["recycle", "model", "ngram"])
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
@@ -107,8 +101,6 @@ def main() -> None:
         methods["adaptive-calls-priced"] = auto
     if a.guard_from:
         methods[f"adaptive-guard{a.guard_from}"] = auto
-    if a.no_fill:
-        methods["adaptive-nofill"] = auto
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         burst(pipe, prompts, 2, methods["plain"])  # the prefix cache's prompts, as every measured burst finds them
@@ -120,7 +112,6 @@ def main() -> None:
                 HOLD["max_t"] = a.max_t if m.startswith("adaptive-t") else None
                 HOLD["calls"] = m == "adaptive-calls-priced"
                 HOLD["guard_from"] = a.guard_from if m.startswith("adaptive-guard") else None
-                HOLD["fill"] = m != "adaptive-nofill"
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
                 tps[m].append(rate)
                 outs.setdefault(m, toks)

@@ -286,7 +286,6 @@ def test_choice_of_k_takes_the_rates_with_their_offset(bundle_portable):
     from specexport.runtime.drafters import RowDraft
 
     pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
-    eng.fill = False  # the draft's chains alone (test_table_fills_the_chain_to_the_profile for the fill)
     for s in auto:
         s.chain_hits, s.chain_tries = 0.75, 1.0
     assert len(ts) >= 2, ts
@@ -860,7 +859,6 @@ def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     from specexport.runtime.drafters import RowDraft
 
     pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
-    eng.fill = False  # the ks of the built profiles only
     eng.payoff.measured = lambda B: True
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
     for s in auto:
@@ -887,10 +885,11 @@ def test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin(bundle_portable):
     assert eng._model_k(auto, 4) > 0 and 4 not in eng.priced_out
     # the margin: prices that make the next T ahead by less than K_MARGIN keep the last choice, more switch
     a, b = ts[0], ts[1]
+    eng.last_T[4] = a
     rate = min(max(auto[0].chain_rate + eng._rate_offset(RowDraft), 0.0), 1.0)
     ratio = chain_tokens(rate, b) / chain_tokens(rate, a)  # cost(b) at this ratio: the two expect the same
     for ahead, want in ((1 + E.K_MARGIN / 2, a), (1 + 2 * E.K_MARGIN, b)):
-        eng.last_k[4] = a - 1
+        eng.last_T[4] = a
         eng.costs.seen = {(4, 1): 100.0, (4, a): 1.0, (4, b): ratio / ahead, **{(4, t): 100.0 for t in ts[2:]}}
         assert eng._model_k(auto, 4) == want - 1, (ahead, want)
     for c in cs:
@@ -948,36 +947,4 @@ def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path, monkeypatch
         cs = [pipe.submit(p, max_new_tokens=16, draft="model", k="auto") for p in PROMPTS[:2]]
         assert [c.wait(60).token_ids for c in cs] == want
         assert lens and check(max(lens)), (confident, lens)
-        pipe.close(10)
-
-
-def test_table_fills_the_chain_to_the_profile(ckpts, tmp_path):
-    """k="auto" with a draft model whose calls are priced dear against the target's: one proposal a step (no k = 1
-    profile built), and the successor table's top-1 continuation fills the rest of the (B, 3) profile (Engine._fill), learned from the
-    model-drafting requests' own verify calls; its tried nodes are counted by the order of their context. Every
-    output is the request's solo one, greedy and Gumbel; with the fill off no chain holds more than the draft's
-    proposals."""
-    from specexport.runtime import engine as E
-
-    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", ks=(2, 4), batch_sizes=(1, 2)))
-    for kw, fill in (({}, True), (dict(temperature=0.8, seed=3), True), ({}, False)):
-        want = [solo(pipe, p, max_new_tokens=24, **kw) for p in PROMPTS[:4]]
-        eng = pipe.start_engine(max_batch=2, max_queue=8)
-        eng._thread, eng.fill = True, fill  # driven by hand
-        eng.costs.seen = {(B, T): 1.0 for B in (1, 2) for T in eng.target.profile_ts}
-        eng.drafts.costs.seen = {(B, 1): 0.5 for B in (1, 2)}
-        eng.costs.update = eng.drafts.costs.update = lambda *a: None
-        made, fill_chain = [], eng._fill
-        eng._fill = lambda s, props, n: made.append((len(props), n, fill_chain(s, props, n))) or made[-1][2]
-        cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto", **kw) for p in PROMPTS[:4]]
-        while eng.step():
-            pass
-        assert [c.wait(1).token_ids for c in cs] == want
-        assert made and all(len(t) - 1 <= max(p, n) for p, n, t in made)
-        filled = [t for p, n, t in made if p == 1 and len(t) > 2]
-        if fill:
-            assert filled, [(p, n, len(t)) for p, n, t in made]
-            assert eng.fill_tries.sum() > len(E.FILL_PRIOR) * E.FILL_PRIOR_TRIES
-        else:
-            assert not filled and all(len(t) - 1 == p for p, n, t in made)
         pipe.close(10)

@@ -60,15 +60,6 @@ CHAIN_DECAY = 0.95
 CONFIDENT_ROWS, CONFIDENT_K = 1, 4
 
 
-# a draft model's proposals are followed, in the verify profile's free slots (a (B, 3) call for one proposal), by the
-# recycle drafter's successor table: its top-1 continuation, point masses as the proposals are (Engine._fill).
-# Teacher-forced on the burst's 16 Spec-Bench prompts with SmolLM2's int4 self-draft, after a right proposal the
-# table's top-1 was the target's next token 17% / 35% / 67% of the time where it came from a context of 1 / 2 / 3
-# tokens (the priors below, worth FILL_PRIOR_TRIES tries each), and it had one 86% of the time; priced at 2 rows,
-# one draft call and one table token made 1.26x plain against 1.19x for two draft calls
-# (experiments/draft_then_table.py, 2026-12-07, `epyc-zen3`). Tries are decayed by FILL_DECAY each.
-FILL, FILL_PRIOR, FILL_FOUND_PRIOR, FILL_PRIOR_TRIES, FILL_DECAY = True, (0.17, 0.35, 0.67), 0.86, 4.0, 0.99
-
 # the rate fit's weight of its past steps per verified step (~50 steps' memory), and the steps it needs before use
 RATE_FIT_DECAY, RATE_FIT_STEPS = 0.98, 8
 RATE_FIT_MAX = 0.15  # the largest offset the rate fit applies, either way
@@ -262,9 +253,7 @@ class Engine:
         self.rate_fit: dict = {}
         # built batch size -> [steps priced out at its Bs since the last retry, retries priced out in a row]
         self.priced_out: dict = {}
-        self.last_k: dict = {}  # B -> the draft length that `_model_k` chose last at B
-        self.fill = FILL  # draft-model chains continued by the successor table (`_fill`)
-        self.reset_fill()
+        self.last_T: dict = {}  # B -> the T that `_model_k` chose last at B
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -272,13 +261,6 @@ class Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.counters = {"steps": 0, "tokens": 0, "finished": {}, "batch": {}, "prefill_batch": {}}
-
-    def reset_fill(self) -> None:
-        """The rates of the table's continuations after a draft model's chain (`_fill`) back to their priors:
-        decayed (hits, tries) by the order of their context, and (had a candidate, tried)."""
-        self.fill_hits = np.array(FILL_PRIOR) * FILL_PRIOR_TRIES
-        self.fill_tries = np.full(len(FILL_PRIOR), FILL_PRIOR_TRIES)
-        self.fill_found = np.array([FILL_FOUND_PRIOR, 1.0]) * FILL_PRIOR_TRIES
 
     # ---- any thread
     def submit(self, c: Completion) -> Completion:
@@ -732,12 +714,10 @@ class Engine:
                 s.c.generation.stats.draft_s += spent / len(pairs)
 
     def _model_k(self, auto: list[Sequence], B: int, ride: bool = False) -> int:
-        """The draft length this step for the requests drafting with the model and k="auto": the k that maximises
-        their expected emitted tokens, sum of 1 + rate + ... + rate^k over them (rate: each one's running
-        acceptance plus the drafter's `_rate_offset`) plus, with the table's fill, rate^k times what its T - 1 - k
-        tokens are expected to add, per second of the target's (B, T) call (T the smallest built profile > k) plus
-        the k shared draft calls (both measured); without the fill, the ks of the built profiles (T = k + 1). At
-        least 1, so that the
+        """The draft length this step for the requests drafting with the model and k="auto": the k of the built
+        verify profiles (T = k + 1) that maximises their expected emitted tokens, sum of 1 + rate + ... +
+        rate^k over them (rate: each one's running acceptance plus the drafter's `_rate_offset`), per second of
+        the target's (B, T) call plus the k shared draft calls (both measured); at least 1, so that the
         acceptance keeps being measured, except where the guard acts (B >= Payoff.MIN_ROWS) and has measured a B of
         B's built batch size since its last pause (`_spec_measured`): there 0 when even the best k delivers fewer
         tokens per second than a plain call, whose drafts the choice of T would then not verify (a step that
@@ -745,7 +725,7 @@ class Engine:
         nothing). The guard's retries (its first step at a B, and the first after each pause, which doubles while
         they fail) still draft, so the rates and costs keep being measured; so does every step after PROBE_STEPS
         priced out at B's built batch size, or after the plain steps a retry loses over PROBE_LOSS where that is
-        more (doubling while the retries are priced out too). Between ks that pay, the choice keeps the k it chose
+        more (doubling while the retries are priced out too). Between ks that pay, the choice keeps the T it chose
         last at B unless another is K_MARGIN ahead. A first try that the prices say will not pay waits for a step
         without a riding prefill chunk (`ride`): the guard measures only those, so a try in a ride measured nothing
         and the next step tried again (under Poisson arrivals at 8 requests, 4 of 7 drafting steps at B >= 3 were
@@ -758,17 +738,12 @@ class Engine:
         dc = self.drafts.costs.cost(B, 1)
         off = self._rate_offset(type(auto[0].drafter))
         rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
-        # k draft tokens run in the (B, T) profile of the smallest built T > k; with the table's fill (`_fill`) the
-        # T - 1 - k slots left hold its continuation, expected at its pooled rate h per token after a whole chain
-        h = self._fill_rate() if self.fill and auto[0].drafter.table is not None else 0.0
-        size = {k: T for i, T in enumerate(ts) for k in range(ts[i - 1] if i else 1, T) if h or k == T - 1}
-        gain = {k: sum(chain_tokens(r, k + 1) + r ** k * h * chain_tokens(h, T - 1 - k) for r in rates)
-                / (self.costs.cost(B, T) + k * dc) for k, T in size.items()}
-        best = max(gain, key=gain.get, default=1)
-        last = self.last_k.get(B)
+        gain = {T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc) for T in ts}
+        best = max(ts, key=gain.get, default=2)
+        last = self.last_T.get(B)
         if last in gain and gain[best] < (1 + K_MARGIN) * gain[last]:
             best = last
-        self.last_k[B] = best
+        self.last_T[B] = best
         plain = len(auto) / self.costs.cost(B, 1)
         cls = self._built(B)
         measured = self._spec_measured(B)
@@ -777,19 +752,14 @@ class Engine:
         if measured and ts and gain[best] <= plain:
             out = self.priced_out.setdefault(cls, [0, 0])
             out[0] += 1
-            steps = (self.costs.cost(B, size[best]) + best * dc) / self.costs.cost(B, 1)  # a retry's, in plain steps
+            steps = (self.costs.cost(B, best) + (best - 1) * dc) / self.costs.cost(B, 1)  # a retry's, in plain steps
             wait = max(PROBE_STEPS, round((1 - gain[best] / plain) * steps / PROBE_LOSS))
             if out[0] < wait << min(out[1], PROBE_DOUBLINGS):
                 return 0
             out[:] = [0, out[1] + 1]  # a retry: this step drafts
         else:
             self.priced_out.pop(cls, None)
-        return best
-
-    def _fill_rate(self) -> float:
-        """The chance that the table's continuation of a draft model's chain has a next token that the target
-        keeps: how often it had a candidate at all, times its hit rate over every order (both decayed)."""
-        return self.fill_found[0] / self.fill_found[1] * self.fill_hits.sum() / self.fill_tries.sum()
+        return best - 1
 
     def _spec_measured(self, B: int) -> bool:
         """Whether the guard has measured speculation since its last pause at any B of B's built batch size (B =
@@ -810,55 +780,21 @@ class Engine:
         """Each request's draft tree (`_draft` with room(request)); a request whose drafter raises ends alone
         ("error") and leaves `dec`, so trees and dec stay aligned."""
         trees = []
-        # the draft model's chains are filled up to the smallest built k that holds the longest of them
-        span = max([len(s.drafter.props) for s in dec if isinstance(s.drafter, RowDraft)], default=0)
-        fill = next((k for k in self.target.entry.verify_ks() if k >= span), span) if span and self.fill else 0
         for s in list(dec):
             try:
-                trees.append(self._draft(s, room(s), fill))
+                trees.append(self._draft(s, room(s)))
             except BaseException as e:  # noqa: BLE001 -- one request's drafter failing ends it alone
                 self._retire(s, "error", e)
                 dec.remove(s)
         return trees
 
-    def _draft(self, s: Sequence, room: int, fill: int = 0) -> Tree:
+    def _draft(self, s: Sequence, room: int) -> Tree:
         d, k = s.drafter, s.cfg.k
         if d is None or room <= 0:
             return Tree.root(s.ids)
         if isinstance(d, RecycleDrafter):
             return d.draft(s.ids, k, room)
-        if isinstance(d, RowDraft):
-            return self._fill(s, d.props[:min(k, room)], min(fill, room, k))
         return Tree.chain(s.ids, d.propose(s.ids, min(k, room)).tokens, s.chain_rate)  # ngram: node i scored rate ** i
-
-    def _fill(self, s: Sequence, props: list, fill: int) -> Tree:
-        """A draft model's chain (node i scored rate ** i) continued to `fill` drafted tokens by the successor
-        table's top-1 after each node's last 3 tokens, each such node scored its parent's score times the table's
-        running hit rate at its context's order; none after an empty chain (a step that drafts nothing is plain).
-        The whole chain's contexts are its own, as the table learns from them when it is verified (`_accept`)."""
-        d = s.drafter
-        d.used, d.orders = len(props), []
-        tree = Tree.chain(s.ids, props, s.chain_rate)
-        tree.ctx = [tuple((s.ids + props[:i])[-3:]) for i in range(len(props) + 1)]
-        if not props or d.table is None:
-            return tree
-        rate = self.fill_hits / self.fill_tries
-        while len(tree) <= fill:
-            c = d.table.candidates(tree.ctx[-1], 1)
-            if len(tree) == len(props) + 1:
-                self.fill_found = FILL_DECAY * self.fill_found + (bool(c), 1)
-            if not c:
-                break
-            kind, t = c[0]
-            order = kind // d.table.width  # 0..2: a context of 1..3 tokens
-            d.orders.append(order)
-            tree.parent.append(len(tree) - 1)
-            tree.depth.append(len(tree))
-            tree.tokens.append(t)
-            tree.score.append(tree.score[-1] * rate[order])
-            tree.ctx.append((tree.ctx[-1] + (t,))[-3:])
-            tree.cands.append([])
-        return tree
 
     def _choose_T(self, B: int, dec: list[Sequence], trees: list[Tree], plain: bool = False) -> int:
         # a call's padding rows must fit too: near the capacity only the T that fit n + T of every row the
@@ -885,8 +821,6 @@ class Engine:
         self.pool.commit(s.row, out.new_kv, b, path)
         if isinstance(s.drafter, RowDraft):
             self.drafts.accepted(s, len(emitted) - 1)
-            if s.drafter.table is not None and self.fill:  # the target's top-w after each node, for `_fill`
-                s.drafter.table.observe(tree.ctx[:n], logits[:n], None if out.top is None else out.top[b])
         if isinstance(s.drafter, RecycleDrafter):
             s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[b])
         elif s.drafter is not None and n > 1:
@@ -894,8 +828,6 @@ class Engine:
             # (a when all were accepted), and the per-token rate is hits / tries (the geometric law's estimate;
             # a / (n - 1), the share accepted, read a rate of 0.8 at k = 4 as ~0.6 and sized drafts too short)
             a = len(emitted) - 1
-            if isinstance(s.drafter, RowDraft):  # the draft model's own rate counts its proposals only
-                a, n = self._filled(s.drafter, a, n)
             kind = type(s.drafter)
             r = s.chain_rate  # what the geometric law made of this chain's n tokens before the step
             # chains drafted under the doubt rule (cut at the draft's first doubt, or kept for passing it) are
@@ -916,18 +848,6 @@ class Engine:
         st.hist[a] += 1
         st.verify_s += out.run_s
         self._emit(s, emitted)
-
-    def _filled(self, d: RowDraft, a: int, n: int) -> tuple:
-        """A verified chain of a draft model's proposals and the table's continuation (`_fill`) of n nodes, a of
-        its drafted tokens accepted: each table node that was tried counts for its context's order (decay
-        FILL_DECAY per try) -> (a, n) of the proposals alone."""
-        m = min(d.used, n - 1)  # proposals verified
-        for j, order in enumerate(d.orders[:n - 1 - m]):  # table node j at depth m + 1 + j: tried if a >= m + j
-            if a < m + j:
-                break
-            self.fill_hits[order] = FILL_DECAY * self.fill_hits[order] + (a > m + j)
-            self.fill_tries[order] = FILL_DECAY * self.fill_tries[order] + 1
-        return min(a, m), m + 1
 
     def _rate_offset(self, kind) -> float:
         """What to add to the running rates of kind's requests so that the geometric law expects what their

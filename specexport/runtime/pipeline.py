@@ -239,8 +239,8 @@ class Pipeline:
         ids, stop, cfg = c.request
         g = c.generation
         g.stats.prompt_tokens = len(ids)
-        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg),
-                   "model": lambda: RowDraft(self.successors), "none": lambda: None}[cfg.draft]()
+        drafter = {"ngram": lambda: NgramDrafter(cfg.ngram), "recycle": self._recycler(cfg), "model": RowDraft,
+                   "none": lambda: None}[cfg.draft]()
         return Sequence(c, list(ids), cfg, TextStream(self.tokenizer, self.eos, stop, cfg.max_new_tokens, g),
                         drafter=drafter, pick=Picker(cfg.sampling))
 

@@ -78,13 +78,9 @@ class RowDraft:
     """One request's draft-model proposals in the batching engine: made for every such request at once by
     `PoolDrafts.run` before the step's target call, read by the engine as a chain (`propose`)."""
 
-    def __init__(self, table=None):
+    def __init__(self):
         self.props: list = []
         self.screened = False  # this step's drafts were made under the doubt rule (PoolDrafts.run's unsure > 0)
-        # the recycle drafter's successor table, whose continuation of the proposals fills the verify profile's
-        # free slots (Engine._fill); None: none. used: the proposals in this step's tree; orders: the context
-        # length each of its table nodes came from
-        self.table, self.used, self.orders = table, 0, []
 
     def propose(self, tokens: list[int], k: int, choose: Choose | None = None) -> Proposal:
         return Proposal(self.props[:k], [None] * min(k, len(self.props)))
