@@ -6,8 +6,9 @@
  * version below).
  *
  * 8-bit weights ([N, K / 32, 32], the value q - 128: `--draft self:int8`) run on the same loops: q = 16 hi + lo,
- * so a block of 8-bit weights is two blocks of nibbles, hi (the value hi - 8, scale x 16) and lo (the value lo),
- * against the same quantised activations (`create`'s nibble, `twice`): twice the bytes and multiply-adds of int4.
+ * so a block of 8-bit weights is two blocks of nibbles in a row, hi (the value hi - 8) and lo (the value lo, so no
+ * 8 x the sum), both against the block's quantised activations and scaled by its one scale, the hi block's exact
+ * int32 dot times 16 (`create`'s nibble; sh = 1 in the loops): twice the nibbles and multiply-adds of int4.
  * Why: SmolLM2's int4 self-draft agreed with its target's greedy token at 0.75 of positions, an int8 one at 0.97
  * (teacher-forced, 16 Spec-Bench prompts, 2026-12-07), and onnxruntime's own 8-bit MatMulNBits took 11.7 ms a
  * one-row call of the draft against 6.9 for the int4 one on this kernel (`epyc-zen3`).
@@ -52,13 +53,14 @@ typedef struct {
   uint8_t *w; /* [panels][blocks][4 (j)][NG][64]: see the header */
   float *s;   /* [panels][blocks][NG * GC] */
   int64_t K, N, nb, np;
-  int64_t nq; /* blocks of K: nb for 4-bit weights; nb / 2 for 8-bit ones, each block of k twice (see create) */
+  int64_t nq; /* blocks of K (of activations and scales): nb for 4-bit weights, nb / 2 for 8-bit ones */
+  int sh;     /* 0 for 4-bit weights; 1 for 8-bit: nibble block b is block b >> 1 of k, hi where b is even */
 } Kernel;
 
 typedef struct {
   const Kernel *k;
   const float *x;      /* the activations [M][K] */
-  const int8_t *qa;    /* [M][nb * QB] */
+  const int8_t *qa;    /* [M][nq * QB] */
   const float *sa;     /* [M][nb] */
   const int32_t *asum; /* [M][nb]: 8 x the block's sum of activations */
   float *y;
@@ -71,13 +73,14 @@ typedef struct {
  * block order, so its output does not depend on the instance that ran it */
 #define ROWS(R, G)                                                                                            \
   static void rows##R##_##G(const Kernel *k, const Call *c, int64_t p, int64_t r0, int g0) {                \
-    const int64_t nb = k->nb, Kp = nb * QB;                                                                 \
+    const int64_t nb = k->nb, nq = k->nq, Kp = nq * QB;                                                     \
+    const int sh = k->sh;                                                                                   \
     const __m512i m4 = _mm512_set1_epi8(0x0f);                                                              \
     __m512 acc[R][G];                                                                                       \
     for (int r = 0; r < R; r++)                                                                             \
       for (int i = 0; i < G; i++) acc[r][i] = _mm512_setzero_ps();                                          \
     const uint8_t *w = k->w + p * nb * 256 * NG + 64 * g0;                                                  \
-    const float *s = k->s + p * nb * GC * NG + GC * g0;                                                     \
+    const float *s = k->s + p * nq * GC * NG + GC * g0;                                                     \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
       __m512i d[R][G];                                                                                      \
       for (int r = 0; r < R; r++)                                                                           \
@@ -85,7 +88,7 @@ typedef struct {
       for (int j = 0; j < 4; j++, w += 64 * NG) {                                                           \
         __m512i a0[R], a1[R];                                                                               \
         for (int r = 0; r < R; r++) {                                                                       \
-          const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + b * QB + 8 * j);                     \
+          const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + (b >> sh) * QB + 8 * j);             \
           a0[r] = _mm512_set1_epi32(q[0]), a1[r] = _mm512_set1_epi32(q[1]);                                 \
         }                                                                                                   \
         for (int i = 0; i < G; i++) {                                                                       \
@@ -97,13 +100,15 @@ typedef struct {
           }                                                                                                 \
         }                                                                                                   \
       }                                                                                                     \
+      const int lo = (int)(b & sh), up = sh && !lo ? 4 : 0; /* 8-bit: a lo block (no sum), a hi one (x 16) */ \
       for (int r = 0; r < R; r++) {                                                                         \
-        int64_t x = (r0 + r) * nb + b;                                                                      \
-        __m512i z = _mm512_set1_epi32(c->asum[x]);                                                          \
+        int64_t x = (r0 + r) * nq + (b >> sh);                                                              \
+        __m512i z = _mm512_set1_epi32(lo ? 0 : c->asum[x]);                                                 \
         __m512 sa = _mm512_set1_ps(c->sa[x]);                                                               \
         for (int i = 0; i < G; i++) {                                                                       \
-          __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(d[r][i], z));                                    \
-          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + b * NG * GC + i * GC), sa), acc[r][i]); \
+          __m512 dot = _mm512_cvtepi32_ps(_mm512_slli_epi32(_mm512_sub_epi32(d[r][i], z), up));             \
+          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + (b >> sh) * NG * GC + i * GC), sa), \
+                                      acc[r][i]);                                                           \
         }                                                                                                   \
       }                                                                                                     \
     }                                                                                                       \
@@ -195,13 +200,14 @@ static inline void ahead(Ahead *a) {
  * the same integer block dot as VPDPBUSD's, so the same float arithmetic after it and the same bits. */
 #define ROWS(R, H)                                                                                            \
   static void rows##R##_##H(const Kernel *k, const Call *c, int64_t p, int64_t r0, int h0, Ahead *ah) {     \
-    const int64_t nb = k->nb, Kp = nb * QB;                                                                 \
+    const int64_t nb = k->nb, nq = k->nq, Kp = nq * QB;                                                     \
+    const int sh = k->sh;                                                                                   \
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);                                  \
     __m256 acc[R][H];                                                                                       \
     for (int r = 0; r < R; r++)                                                                             \
       for (int h = 0; h < H; h++) acc[r][h] = _mm256_setzero_ps();                                          \
     const uint8_t *w = k->w + p * nb * 256 * NG + 32 * h0;                                                  \
-    const float *s = k->s + p * nb * GC * NG + 8 * h0;                                                      \
+    const float *s = k->s + p * nq * GC * NG + 8 * h0;                                                      \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
       __m256i d[R][H];                                                                                      \
       ahead(ah);                                                                                            \
@@ -213,19 +219,21 @@ static inline void ahead(Ahead *a) {
           __m256i v = _mm256_load_si256((const void *)(w + 32 * h));                                        \
           __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);         \
           for (int r = 0; r < R; r++) {                                                                     \
-            const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + b * QB + 8 * j);                   \
+            const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + (b >> sh) * QB + 8 * j);           \
             __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[0])),                 \
                                          _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[1])));                \
             d[r][h] = _mm256_add_epi16(d[r][h], t);                                                         \
           }                                                                                                 \
         }                                                                                                   \
+      const int lo = (int)(b & sh), up = sh && !lo ? 4 : 0; /* 8-bit: a lo block (no sum), a hi one (x 16) */ \
       for (int r = 0; r < R; r++) {                                                                         \
-        int64_t x = (r0 + r) * nb + b;                                                                      \
-        __m256i z = _mm256_set1_epi32(c->asum[x]);                                                          \
+        int64_t x = (r0 + r) * nq + (b >> sh);                                                              \
+        __m256i z = _mm256_set1_epi32(lo ? 0 : c->asum[x]);                                                 \
         __m256 sa = _mm256_set1_ps(c->sa[x]);                                                               \
         for (int h = 0; h < H; h++) {                                                                       \
-          __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(d[r][h], one), z));            \
-          acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(_mm256_load_ps(s + b * NG * GC + 8 * h), sa), acc[r][h]); \
+          __m256i dot = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_madd_epi16(d[r][h], one), z), up);        \
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),                                              \
+                                      _mm256_mul_ps(_mm256_load_ps(s + (b >> sh) * NG * GC + 8 * h), sa), acc[r][h]); \
         }                                                                                                   \
       }                                                                                                     \
     }                                                                                                       \
@@ -269,7 +277,7 @@ static void part(void *arg, size_t p) {
   int H = c->M <= 2 ? 4 : c->M == 3 ? 2 : 1;
   Rows few = c->M == 1 ? rows1_4 : c->M == 2 ? rows2_4 : rows3_2;
   int64_t nblk = (c->M + RB1 - 1) / RB1, passes = 2 * NG / H * nblk; /* 1 block up to 8 rows */
-  const int64_t wbytes = k->nb * 256 * NG, sbytes = k->nb * GC * NG * 4; /* a panel's nibbles and scales */
+  const int64_t wbytes = k->nb * 256 * NG, sbytes = k->nq * GC * NG * 4; /* a panel's nibbles and scales */
   Ahead ah = {.lines = (int)((wbytes / 64 + passes * k->nb - 1) / (passes * k->nb)),
               .slines = (int)((sbytes / 64 + passes * k->nb - 1) / (passes * k->nb))};
   for (int64_t q = p0; q < p1; q++) {
@@ -338,19 +346,6 @@ static void quant_part(void *arg, size_t p) {
   quantise(c->x, m0, m1, c->k->K, c->k->nq, (int8_t *)c->qa, (float *)c->sa, (int32_t *)c->asum);
 }
 
-/* 8-bit weights: rows of nq quantised blocks (as quantise wrote them) spread to rows of 2 nq, each block twice:
- * first with 8 x its sum (the high nibbles' q - 8), then with 0 (the low nibbles' q). From the last row back,
- * so that no row is overwritten before it moved. */
-static void twice(int64_t M, int64_t nq, int8_t *qa, float *sa, int32_t *asum) {
-  for (int64_t m = M - 1; m >= 0; m--) {
-    memmove(qa + 2 * m * nq * QB, qa + m * nq * QB, (size_t)(nq * QB));
-    memcpy(qa + (2 * m + 1) * nq * QB, qa + 2 * m * nq * QB, (size_t)(nq * QB));
-    memmove(sa + 2 * m * nq, sa + m * nq, sizeof(float) * nq);
-    memcpy(sa + (2 * m + 1) * nq, sa + 2 * m * nq, sizeof(float) * nq);
-    memmove(asum + 2 * m * nq, asum + m * nq, sizeof(int32_t) * nq);
-    memset(asum + (2 * m + 1) * nq, 0, sizeof(int32_t) * nq);
-  }
-}
 
 static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   Kernel *k = op;
@@ -371,9 +366,9 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
   Call c = {.k = k, .x = x, .M = M};
   TRY(ort->GetTensorMutableData(y, (void **)&c.y));
   if (M == 0) return NULL;
-  int8_t *qa = aligned_alloc(64, (size_t)(M * k->nb * QB));
-  float *sa = malloc(sizeof(float) * M * k->nb);
-  int32_t *asum = malloc(sizeof(int32_t) * M * k->nb);
+  int8_t *qa = aligned_alloc(64, (size_t)(M * k->nq * QB));
+  float *sa = malloc(sizeof(float) * M * k->nq);
+  int32_t *asum = malloc(sizeof(int32_t) * M * k->nq);
   OrtStatus *st = NULL;
   if (!qa || !sa || !asum) {
     st = ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): out of memory");
@@ -386,7 +381,6 @@ static OrtStatus *compute(void *op, OrtKernelContext *ctx) {
       quant_part(&c, 0);
     else
       st = ort->KernelContext_ParallelFor(ctx, quant_part, (size_t)c.nparts, (size_t)c.nparts, &c);
-    if (!st && k->nq < k->nb) twice(M, k->nq, qa, sa, asum);
     c.nparts = specexport_parts() < k->np ? specexport_parts() : k->np;
     if (!st && c.nparts == 1)
       part(&c, 0);
@@ -408,7 +402,7 @@ static OrtStatus *constant(const OrtKernelInfo *info, size_t i, const void **dat
 
 /* the 4-bit value of k in a block's bytes: 4-bit weights hold k = 2t in byte t's low nibble, 2t + 1 in its high
  * one; 8-bit weights hold k in byte k, q = 16 hi + lo (value q - 128 = 16 (hi - 8) + lo), and the kernel runs
- * such a block as two 4-bit blocks: hi (value hi - 8) with 16 x the scale, lo (value lo, so no 8 x the sum) */
+ * such a block as two 4-bit blocks, hi (value hi - 8, its dot x 16) then lo (value lo, so no 8 x the sum) */
 static uint8_t nibble(const uint8_t *src, int64_t bits, int high, int kk) {
   if (bits == 4) return (src[kk / 2] >> (4 * (kk & 1))) & 15;
   return high ? src[kk] >> 4 : src[kk] & 15;
@@ -437,25 +431,26 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulNBits (specexport): B or scales not shaped [N, K/32, 32 x bits / 8], "
                                                    "[N, K/32]");
   Kernel *k = calloc(1, sizeof(Kernel));
-  size_t wbytes = (size_t)(np * nb * 256 * NG), sbytes = sizeof(float) * np * nb * GC * NG;
+  size_t wbytes = (size_t)(np * nb * 256 * NG), sbytes = sizeof(float) * np * nq * GC * NG;
   if (!k || !(k->w = aligned_alloc(64, wbytes)) || !(k->s = aligned_alloc(64, sbytes))) {
     if (k) free(k->w), free(k);
     return ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): out of memory packing a weight");
   }
-  k->K = K, k->N = N, k->nb = nb, k->np = np, k->nq = nq;
+  k->K = K, k->N = N, k->nb = nb, k->np = np, k->nq = nq, k->sh = bits == 8;
   memset(k->w, 0x88, wbytes); /* columns past N: q = 8, the value 0 */
   memset(k->s, 0, sbytes);
   for (int64_t n = 0; n < N; n++) {
     int64_t p = n / (GC * NG), i = n / GC % NG, c = n % GC;
     for (int64_t b = 0; b < nb; b++) {
-      const uint8_t *src = B + (n * nq + b % nq) * (QB * bits / 8);
+      const int64_t bq = b >> k->sh; /* the block of k */
+      const uint8_t *src = B + (n * nq + bq) * (QB * bits / 8);
       for (int j = 0; j < 4; j++)
         for (int t = 0; t < 4; t++) {
-          int k0 = 8 * j + t, k1 = 8 * j + 4 + t;
-          k->w[(((p * nb + b) * 4 + j) * NG + i) * 64 + 4 * c + t] = (uint8_t)(nibble(src, bits, b < nq, k0) |
-                                                                               nibble(src, bits, b < nq, k1) << 4);
+          int k0 = 8 * j + t, k1 = 8 * j + 4 + t, hi = !(b & 1);
+          k->w[(((p * nb + b) * 4 + j) * NG + i) * 64 + 4 * c + t] = (uint8_t)(nibble(src, bits, hi, k0) |
+                                                                               nibble(src, bits, hi, k1) << 4);
         }
-      k->s[((p * nb + b) * NG + i) * GC + c] = bits == 8 && b < nq ? 16 * S[n * nq + b] : S[n * nq + b % nq];
+      if (!(b & k->sh)) k->s[((p * nq + bq) * NG + i) * GC + c] = S[n * nq + bq];
     }
   }
   *out = k;
