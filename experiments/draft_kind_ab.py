@@ -4,6 +4,10 @@ the order rotated each round, both bundles loaded in one process; each engine fi
 unmeasured, so that its prefix cache holds them for every measured burst (as adaptive_ab.py).
 
     python experiments/draft_kind_ab.py A B [--concurrency 2,1] [--limit 16] [--max-new-tokens 128] [--rounds 5]
+        [--calls 15]
+
+--calls N: first the two drafts' (B, 1) calls alone at B = 1, 2, 4, 8 (300 cached tokens, the cache zeros),
+interleaved N times, medians of the last N - 3; --concurrency "" for those alone.
 
 Per level: tokens per second of each burst (medians over rounds, each round's too), each method's ratio to plain,
 B's to A's per round, the draft's acceptance (accepted / proposed, tokens per step) and whether every request's
@@ -13,6 +17,8 @@ import argparse
 import json
 import statistics
 import time
+
+import numpy as np
 
 import specexport
 from specexport.bench.config import find_questions
@@ -27,6 +33,26 @@ def burst(pipe, prompts, n, opts):
     return sum(len(g.token_ids) for g in gs) / (time.perf_counter() - t), gs
 
 
+def calls(pipes, n) -> None:
+    ds = {k: p.draft for k, p in pipes.items()}
+    for B in (1, 2, 4, 8):
+        pools = {k: d.new_pool(B) for k, d in ds.items()}
+        for p in pools.values():
+            p.reserve(308)
+            p.n[:] = 300
+            p.data[...] = 0
+        ms = {k: [] for k in ds}
+        for _ in range(n):
+            for k, d in ds.items():
+                pos = pools[k].n[:B, None].astype(np.int64).copy()
+                t = time.perf_counter()
+                d.step_batch(pools[k], np.full((B, 1), 1000, np.int64), pos)
+                ms[k].append(1e3 * (time.perf_counter() - t))
+        m = {k: statistics.median(v[3:]) for k, v in ms.items()}
+        print(f"draft ({B}, 1) calls at 300 cached: A ({ds['A'].entry.kind}) {m['A']:.2f} ms, B ({ds['B'].entry.kind}) "
+              f"{m['B']:.2f} ms, B / A {m['B'] / m['A']:.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a")
@@ -35,13 +61,16 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=0)
     a = ap.parse_args()
     pipes = {"A": specexport.load(a.a, threads=2), "B": specexport.load(a.b, threads=2)}
+    if a.calls:
+        calls(pipes, a.calls)
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]  # every 10th, as adaptive_ab
     prompts = [pipes["A"].encode(q["turns"][0], chat=True) for q in qs]
     auto = {"draft": "model", "k": "auto"}
     methods = {"plain": ("A", {"draft": "none"}), "A auto": ("A", auto), "B auto": ("B", auto)}
-    for level in (int(c) for c in a.concurrency.split(",")):
+    for level in (int(c) for c in a.concurrency.split(",") if c):
         for p in pipes.values():
             p.start_engine(max_batch=level, max_queue=len(prompts))
             burst(p, prompts, 2, {"draft": "none"})  # the prefix cache's prompts
