@@ -28,7 +28,7 @@ import specexport
 from specexport.backends.ort import session_options
 from specexport.bench.config import find_questions, questions
 from specexport.exporter import onnx as sx
-from specexport.runtime.prefill import feed
+from teacher_forced import forced  # experiments/
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bundle")
@@ -44,21 +44,8 @@ for q in questions(find_questions(None), 4)[:16]:
 
 
 def agreement(model) -> float:
-    hit = tot = 0
-    for pids, out in rows:
-        ids, n0 = pids + out, len(pids)
-        cache = model.new_cache()
-        cache.reserve(len(ids) + 64)
-        feed(model, cache, ids[:n0 - 1])
-        pred = []
-        for c in range(n0 - 1, len(ids) - 1, 64):
-            chunk = ids[c:min(c + 64, len(ids) - 1)]
-            o = model.step(cache, chunk + [0] * (64 - len(chunk)), cache.n, rows=list(range(len(chunk))))
-            cache.commit(o.new_kv, range(len(chunk)))
-            pred += list(np.asarray(o.logits).reshape(-1, o.logits.shape[-1])[:len(chunk)].argmax(-1))
-        hit += int((np.array(pred) == np.array(out)).sum())
-        tot += len(out)
-    return hit / tot
+    hit = sum(int((forced(model, pids + out, len(pids)).argmax(-1) == np.array(out)).sum()) for pids, out in rows)
+    return hit / sum(len(out) for _, out in rows)
 
 
 def float_graph():

@@ -8,14 +8,12 @@ and priced from calls measured here first (target (B, T), the draft's (B, 1), B 
 a step's draft calls are the most any row asks for, its T the most any row needs, rounded up to a built profile.
   python experiments/draft_then_table.py BUNDLE [--requests 16] [--new 128]"""
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import specexport
 from specexport.bench.config import find_questions, questions
-from specexport.runtime.prefill import feed
+from teacher_forced import call_costs, forced  # experiments/
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bundle")
@@ -24,40 +22,7 @@ ap.add_argument("--new", type=int, default=128)
 a = ap.parse_args()
 pipe = specexport.load(a.bundle, threads=2)
 t, d = pipe.target, pipe.draft
-built = sorted({1} | {T for name, T in t.entry.profiles.items() if name.startswith("verify_")})
-
-pool, dpool = t.new_pool(2), d.new_pool(2)
-for p in (pool, dpool):
-    p.reserve(1024)
-    p.n[:] = [300, 320]
-shapes = [("t", B, T) for B in (1, 2) for T in built] + [("d", B, 1) for B in (1, 2)]
-ms = {s: [] for s in shapes}
-for _ in range(12):
-    for s in shapes:
-        who, B, T = s
-        m, p = (t, pool) if who == "t" else (d, dpool)
-        ids = np.ones((B, T), np.int64)
-        pos = p.n[:B, None].astype(np.int64) + np.arange(T)[None]
-        c = time.perf_counter()
-        m.step_batch(p, ids, pos)
-        ms[s].append(1e3 * (time.perf_counter() - c))
-cost = {s: statistics.median(v[2:]) for s, v in ms.items()}
-print("calls (ms):", ", ".join(f"{w}({B},{T}) {c:.1f}" for (w, B, T), c in cost.items()))
-
-
-def forced(model, ids, n0):
-    """The model's logits after each of ids[n0 - 1:-1] (its cache prefilled with the rest), in 64-token calls."""
-    cache = model.new_cache()
-    cache.reserve(len(ids) + 64)
-    feed(model, cache, ids[:n0 - 1])
-    out = []
-    for c in range(n0 - 1, len(ids) - 1, 64):
-        chunk = ids[c:min(c + 64, len(ids) - 1)]
-        o = model.step(cache, chunk + [0] * (64 - len(chunk)), cache.n, rows=list(range(len(chunk))))
-        cache.commit(o.new_kv, range(len(chunk)))
-        out.append(np.asarray(o.logits).reshape(-1, o.logits.shape[-1])[:len(chunk)])
-    return np.concatenate(out)
-
+built, cost = call_costs(t, d)
 
 DEPTH = 8
 rows = []

@@ -8,15 +8,13 @@ medians): a step's draft calls are the most any model-drafting row asks for (non
 its verify T the most any row needs, rounded up to a built profile.
   python experiments/lookup_first.py BUNDLE [--requests 16] [--new 128]"""
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import specexport
 from specexport.bench.config import find_questions, questions
 from specexport.runtime.drafters.ngram import NgramDrafter
-from specexport.runtime.prefill import feed
+from teacher_forced import call_costs, forced  # experiments/
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bundle")
@@ -25,26 +23,7 @@ ap.add_argument("--new", type=int, default=128)
 a = ap.parse_args()
 pipe = specexport.load(a.bundle, threads=2)
 t, d = pipe.target, pipe.draft
-built = sorted({1} | {T for name, T in t.entry.profiles.items() if name.startswith("verify_")})
-
-# call costs, ms
-pool, dpool = t.new_pool(2), d.new_pool(2)
-for p in (pool, dpool):
-    p.reserve(1024)
-    p.n[:] = [300, 320]
-shapes = [("t", B, T) for B in (1, 2) for T in built] + [("d", B, 1) for B in (1, 2)]
-ms = {s: [] for s in shapes}
-for _ in range(12):
-    for s in shapes:
-        who, B, T = s
-        m, p = (t, pool) if who == "t" else (d, dpool)
-        ids = np.ones((B, T), np.int64)
-        pos = p.n[:B, None].astype(np.int64) + np.arange(T)[None]
-        c = time.perf_counter()
-        m.step_batch(p, ids, pos)
-        ms[s].append(1e3 * (time.perf_counter() - c))
-cost = {s: statistics.median(v[2:]) for s, v in ms.items()}
-print("calls (ms):", ", ".join(f"{w}({B},{T}) {c:.1f}" for (w, B, T), c in cost.items()))
+built, cost = call_costs(t, d)
 
 # teacher-forced acceptance per position: model chain and lookup chain
 rows = []
@@ -52,16 +31,7 @@ look = NgramDrafter(3)
 for q in questions(find_questions(None), 4)[:a.requests]:
     g = pipe.generate([{"role": "user", "content": q["turns"][0]}], chat=True, max_new_tokens=a.new, draft="none")
     ids, n0, out = list(g.prompt_ids) + list(g.token_ids), len(g.prompt_ids), list(g.token_ids)
-    cache = d.new_cache()
-    cache.reserve(len(ids) + 64)
-    feed(d, cache, ids[:n0 - 1])
-    pred = []  # the draft's argmax after each of ids[n0 - 1:], fed in 64-token calls
-    for c in range(n0 - 1, len(ids) - 1, 64):
-        chunk = ids[c:min(c + 64, len(ids) - 1)]
-        o = d.step(cache, chunk + [0] * (64 - len(chunk)), cache.n, rows=list(range(len(chunk))))
-        cache.commit(o.new_kv, range(len(chunk)))
-        pred += list(o.logits.argmax(-1).reshape(-1)[:len(chunk)])
-    agree = np.array(pred) == np.array(out)
+    agree = forced(d, ids, n0).argmax(-1) == np.array(out)  # the draft's argmax after each of ids[n0 - 1:]
     model = [0] * len(out)  # accepted length of an unbounded model chain from j
     for j in range(len(out) - 1, -1, -1):
         model[j] = (1 + (model[j + 1] if j + 1 < len(out) else 0)) if agree[j] else 0
