@@ -108,11 +108,12 @@ def test_derived_drafts(ckpts, tmp_path, spec, kind):
     pipe = specexport.load(out)
     plain = pipe.generate("hello world", max_new_tokens=20, draft="none").token_ids
     assert pipe.generate("hello world", max_new_tokens=20, draft="model", k=2).token_ids == plain
-    # an int4 draft (built at int8 activations) runs specexport's MatMulNBits where it builds (AVX512-VNNI, AVX2)
+    # an int4 or int8 draft (built at int8 activations) runs specexport's MatMulNBits where it builds (AVX512-VNNI,
+    # AVX2)
     lib = pipe.target.kernel
-    assert pipe.draft.nbits == (kind == "int4" and bool(lib) and kernels.matmul4_on(lib))
-    # the default draft: the int4 self-draft where it runs on that kernel (on the engine with k sized per step),
-    # else recycle (a self-draft on onnxruntime's kernels is slower than recycle)
+    assert pipe.draft.nbits == (kind in ("int4", "int8") and bool(lib) and kernels.matmul4_on(lib))
+    # the default draft: the int4 or int8 self-draft where it runs on that kernel (on the engine with k sized per
+    # step), else recycle (a self-draft on onnxruntime's kernels is slower than recycle)
     pays = bool(pipe.draft.nbits)
     assert pipe.config().draft == ("model" if pays else "recycle")
     c = pipe.submit("hello world", max_new_tokens=4)
