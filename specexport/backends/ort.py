@@ -41,10 +41,11 @@ class OrtBackend(BackendBase):
             raise OptionError(f"backend onnxruntime-{weights} holds the target's weights in specexport's MatMul "
                               f"kernel, but {why}; use backend onnxruntime (float32)")
         self.weights = "float32" if why else weights  # a draft that cannot only proposes in float32: still lossless
-        # int4 (or int8) weights with int8 activations (a target built so, or an int4 / int8 draft: drafts are built
-        # at level 4): their MatMulNBits on specexport's kernel (kernels/matmul4.c)
-        a8 = entry.activations == "int8" or (entry.role == "draft" and entry.kind in ("int4", "int8"))
-        self.nbits = bool(self.kernel and a8 and entry.kind in ("int4", "int8") and kernels.matmul4_on(self.kernel))
+        # int4 or int8 weights with int8 activations (a target built so, or a quantised draft: drafts are built at
+        # level 4): their MatMulNBits on specexport's kernel (kernels/matmul4.c)
+        quant = entry.kind in ("int4", "int8")
+        a8 = entry.activations == "int8" or entry.role == "draft"
+        self.nbits = bool(self.kernel and quant and a8 and kernels.matmul4_on(self.kernel))
         self.session = ort.InferenceSession(str(root / entry.graph),
                                             session_options(threads, self.kernel, self.weights, self.nbits),
                                             providers=providers or ["CPUExecutionProvider"])
@@ -53,7 +54,6 @@ class OrtBackend(BackendBase):
         self.pad_decode = entry.pad_decode and not self.nbits
         # every MatMul and the attention on specexport's kernels: a row sums the same products in the same order
         # in a call of any T (tests/test_kernels.py), so single-row calls need not be padded to a profile
-        quant = entry.kind in ("int4", "int8")
         self.any_t = bool(self.fused and self.kernel and (self.nbits or not quant)
                           and kernels.matmul_on(self.kernel, self.weights != "float32"))
         self.numerics = {"bf16": "float32 activations, bfloat16 weights",

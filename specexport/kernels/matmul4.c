@@ -1,17 +1,9 @@
 /* MatMulNBits (com.microsoft) for a quantised target with int4 weights and int8 activations (`--quantize-target
  * int4 --target-activations int8`): Y [..., N] = A [..., K] x dequant(B), B 4-bit [N, K / 32, 16] symmetric (the
  * value q - 8, no zero points), one float32 scale per column and block of 32 k. Registered only for sessions
- * whose options carry specexport.matmul_nbits=int8 (backends/ort.py sets it for such targets and for int4 drafts),
+ * whose options carry specexport.matmul_nbits=int8 (backends/ort.py sets it for such targets and for quantised drafts),
  * on CPUs with AVX512-VNNI, and with AVX2 and FMA (the same integer sums by other instructions: see the AVX2
  * version below).
- *
- * 8-bit weights ([N, K / 32, 32], the value q - 128: `--draft self:int8`) run on the same loops: q = 16 hi + lo,
- * so a block of 8-bit weights is two blocks of nibbles in a row, hi (the value hi - 8) and lo (the value lo, so no
- * 8 x the sum), both against the block's quantised activations and scaled by its one scale, the hi block's exact
- * int32 dot times 16 (`create`'s nibble; sh = 1 in the loops): twice the nibbles and multiply-adds of int4.
- * Why: SmolLM2's int4 self-draft agreed with its target's greedy token at 0.75 of positions, an int8 one at 0.97
- * (teacher-forced, 16 Spec-Bench prompts, 2026-12-07), and onnxruntime's own 8-bit MatMulNBits took 11.7 ms a
- * one-row call of the draft against 6.9 for the int4 one on this kernel (`epyc-zen3`).
  *
  * Why: onnxruntime's int8 path of MatMulNBits ran a SmolLM2 decode step at 2.6-4.3x the time its weights take
  * to read, and each verify row cost ~6% of a step (docs/benchmarks.md, issue 17's int4 tables). Here the weights
@@ -26,7 +18,15 @@
  * block of 32 k on their own (scale max|a| / 127, round to nearest even), the block's products summed exactly
  * in int32, minus 8 x the block's activation sum, converted to float and added as fma(dot, a_scale x w_scale,
  * y) block after block in order. Every step depends on the row alone, so a row's output is bit-identical
- * whatever rows share its call: verify rows score exactly as decode rows, trees included. */
+ * whatever rows share its call: verify rows score exactly as decode rows, trees included.
+ *
+ * 8-bit weights ([N, K / 32, 32], the value q - 128: `--draft self:int8`) run on the same loops: q = 16 hi + lo,
+ * so a block of 8-bit weights is two blocks of nibbles in a row, hi (the value hi - 8) and lo (the value lo, so no
+ * 8 x the sum), both against the block's quantised activations and scaled by its one scale, the hi block's exact
+ * int32 dot times 16 (`create`'s nibble; sh = 1 in the loops): twice the nibbles and multiply-adds of int4.
+ * Why: SmolLM2's int4 self-draft agreed with its target's greedy token at 0.75 of positions, an int8 one at 0.97
+ * (teacher-forced, 16 Spec-Bench prompts, 2026-12-07), and onnxruntime's own 8-bit MatMulNBits took 11.7 ms a
+ * one-row call of the draft against 6.9 for the int4 one on this kernel (`epyc-zen3`). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,8 +61,8 @@ typedef struct {
   const Kernel *k;
   const float *x;      /* the activations [M][K] */
   const int8_t *qa;    /* [M][nq * QB] */
-  const float *sa;     /* [M][nb] */
-  const int32_t *asum; /* [M][nb]: 8 x the block's sum of activations */
+  const float *sa;     /* [M][nq] */
+  const int32_t *asum; /* [M][nq]: 8 x the block's sum of activations */
   float *y;
   int64_t M, nparts;
 } Call;
@@ -427,9 +427,10 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
   TRY(constant(info, 1, (const void **)&B, bd, &br));
   TRY(constant(info, 2, (const void **)&S, sd, &sr));
   int64_t nq = (K + QB - 1) / QB, nb = bits == 8 ? 2 * nq : nq, np = (N + GC * NG - 1) / (GC * NG);
-  if (br != 3 || bd[0] != N || bd[1] != nq || bd[2] != QB * bits / 8 || (sr == 2 ? sd[0] * sd[1] : sr == 1 ? sd[0] : -1) != N * nq)
-    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulNBits (specexport): B or scales not shaped [N, K/32, 32 x bits / 8], "
-                                                   "[N, K/32]");
+  int64_t scales = sr == 2 ? sd[0] * sd[1] : sr == 1 ? sd[0] : -1;
+  if (br != 3 || bd[0] != N || bd[1] != nq || bd[2] != QB * bits / 8 || scales != N * nq)
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulNBits (specexport): B or scales not shaped "
+                                                   "[N, K/32, 32 x bits / 8], [N, K/32]");
   Kernel *k = calloc(1, sizeof(Kernel));
   size_t wbytes = (size_t)(np * nb * 256 * NG), sbytes = sizeof(float) * np * nq * GC * NG;
   if (!k || !(k->w = aligned_alloc(64, wbytes)) || !(k->s = aligned_alloc(64, sbytes))) {
@@ -437,7 +438,7 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
     return ort->CreateStatus(ORT_FAIL, "MatMulNBits (specexport): out of memory packing a weight");
   }
   k->K = K, k->N = N, k->nb = nb, k->np = np, k->nq = nq, k->sh = bits == 8;
-  memset(k->w, 0x88, wbytes); /* columns past N: q = 8, the value 0 */
+  memset(k->w, 0x88, wbytes); /* columns past N: nibbles 8 (their scales are 0; they are never stored) */
   memset(k->s, 0, sbytes);
   for (int64_t n = 0; n < N; n++) {
     int64_t p = n / (GC * NG), i = n / GC % NG, c = n % GC;
