@@ -26,9 +26,8 @@ from onnx import numpy_helper
 
 import specexport
 from specexport.backends.ort import session_options
-from specexport.bench.config import find_questions, questions
 from specexport.exporter import onnx as sx
-from teacher_forced import forced  # experiments/
+from teacher_forced import forced, greedy  # experiments/
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bundle")
@@ -37,15 +36,12 @@ a = ap.parse_args()
 B = Path(a.bundle)
 pipe = specexport.load(str(B), threads=2)
 d = pipe.draft
-rows = []
-for q in questions(find_questions(None), 4)[:16]:
-    g = pipe.generate([{"role": "user", "content": q["turns"][0]}], chat=True, max_new_tokens=128, draft="none")
-    rows.append((list(g.prompt_ids), list(g.token_ids)))
+rows = greedy(pipe)
 
 
 def agreement(model) -> float:
-    hit = sum(int((forced(model, pids + out, len(pids)).argmax(-1) == np.array(out)).sum()) for pids, out in rows)
-    return hit / sum(len(out) for _, out in rows)
+    hit = sum(int((forced(model, ids, n0).argmax(-1) == np.array(out)).sum()) for _, ids, n0, out in rows)
+    return hit / sum(len(out) for *_, out in rows)
 
 
 def float_graph():

@@ -12,9 +12,8 @@ import argparse
 import numpy as np
 
 import specexport
-from specexport.bench.config import find_questions, questions
 from specexport.runtime.drafters.ngram import NgramDrafter
-from teacher_forced import call_costs, forced  # experiments/
+from teacher_forced import call_costs, forced, greedy  # experiments/
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bundle")
@@ -28,9 +27,7 @@ built, cost = call_costs(t, d)
 # teacher-forced acceptance per position: model chain and lookup chain
 rows = []
 look = NgramDrafter(3)
-for q in questions(find_questions(None), 4)[:a.requests]:
-    g = pipe.generate([{"role": "user", "content": q["turns"][0]}], chat=True, max_new_tokens=a.new, draft="none")
-    ids, n0, out = list(g.prompt_ids) + list(g.token_ids), len(g.prompt_ids), list(g.token_ids)
+for q, ids, n0, out in greedy(pipe, a.requests, a.new):
     agree = forced(d, ids, n0).argmax(-1) == np.array(out)  # the draft's argmax after each of ids[n0 - 1:]
     model = [0] * len(out)  # accepted length of an unbounded model chain from j
     for j in range(len(out) - 1, -1, -1):

@@ -1,11 +1,23 @@
 """Helpers of the replays that price drafting policies on the target's greedy output (lookup_first.py,
-draft_then_table.py, draft_agreement.py): the calls they are priced with, and a model's logits teacher-forced."""
+draft_then_table.py, draft_agreement.py): that output, the calls they are priced with, and a model's logits
+teacher-forced."""
 import statistics
 import time
 
 import numpy as np
 
+from specexport.bench.config import find_questions, questions
 from specexport.runtime.prefill import feed
+
+
+def greedy(pipe, requests: int = 16, new: int = 128) -> list:
+    """The target's greedy answers to the burst's first `requests` Spec-Bench prompts (the bench's 4 per category,
+    round-robin) -> [(question, ids: prompt and answer, n0: the prompt's length, out: the answer)]."""
+    rows = []
+    for q in questions(find_questions(None), 4)[:requests]:
+        g = pipe.generate([{"role": "user", "content": q["turns"][0]}], chat=True, max_new_tokens=new, draft="none")
+        rows.append((q, list(g.prompt_ids) + list(g.token_ids), len(g.prompt_ids), list(g.token_ids)))
+    return rows
 
 
 def call_costs(t, d, rounds: int = 12) -> tuple:
