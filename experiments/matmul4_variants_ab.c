@@ -9,6 +9,7 @@
  *   cc -O3 -march=native -std=gnu11 $K -c -DROLE_B -DSRC='"matmul4.c"' experiments/matmul4_variants_ab.c -o /tmp/b.o
  *   cc -O3 -march=native experiments/matmul4_variants_ab.c /tmp/a.o /tmp/b.o -o /tmp/m4_ab -lpthread
  *   /tmp/m4_ab 1,2,4,8 ROUNDS
+ * (-DBITS=8 in both roles' compiles: 8-bit weights, 168 MB a version)
  * (an old version's directory needs its ops.h beside its matmul4.c) */
 #if defined(ROLE_A) || defined(ROLE_B)
 #if defined(ROLE_A)
@@ -19,11 +20,16 @@
 #define specexport_matmul4_op P(op) /* matmul4.c's exported names, renamed per version */
 #define specexport_matmul4_on P(on)
 #include SRC
-/* a [K, N] weight as create() lays it out: 4-bit values and a scale per column and block of 32 k, made up */
+#ifndef BITS
+#define BITS 4
+#endif
+/* a [K, N] weight as create() lays it out: BITS-bit values (-DBITS=8: 8-bit) and a scale per column and block of
+ * 32 k, made up */
 void *P(make)(int64_t K, int64_t N) {
   Kernel *k = calloc(1, sizeof(Kernel));
-  k->K = K, k->N = N, k->nb = (K + QB - 1) / QB, k->np = (N + GC * NG - 1) / (GC * NG);
-  size_t wb = (size_t)(k->np * k->nb * 256 * NG), sb = sizeof(float) * k->np * k->nb * GC * NG;
+  k->K = K, k->N = N, k->nq = (K + QB - 1) / QB, k->np = (N + GC * NG - 1) / (GC * NG);
+  k->sh = BITS == 8, k->nb = k->nq << k->sh;
+  size_t wb = (size_t)(k->np * k->nb * 256 * NG), sb = sizeof(float) * k->np * k->nq * GC * NG;
   k->w = aligned_alloc(64, wb), k->s = aligned_alloc(64, sb);
   for (size_t e = 0; e < wb; e++) k->w[e] = (uint8_t)(e * 7919 >> 3);
   for (size_t e = 0; e < sb / 4; e++) k->s[e] = 0.001f * (float)(e % 7);

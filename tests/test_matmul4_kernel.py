@@ -35,7 +35,7 @@ def quantised(K: int, N: int, seed: int, bits: int = 4):
     return B, S, q
 
 
-def session(tmp_path, K, N, B, S, nbits=True, level=4, bits=4):
+def session(tmp_path, K, N, B, S, nbits=True, level=4, bits=4, lib=None):
     node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=K, N=N, bits=bits,
                             block_size=32, accuracy_level=level)
     g = helper.make_graph([node], "mm4", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
@@ -44,7 +44,7 @@ def session(tmp_path, K, N, B, S, nbits=True, level=4, bits=4):
     path = tmp_path / f"mm4-{K}-{N}-{nbits}-{level}-{bits}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
               path)
-    return ort.InferenceSession(str(path), session_options(None, kernels.library(64), "float32", nbits),
+    return ort.InferenceSession(str(path), session_options(None, lib or kernels.library(64), "float32", nbits),
                                 providers=["CPUExecutionProvider"])
 
 
@@ -117,6 +117,26 @@ def test_matmul4_rows_do_not_depend_on_their_call(tmp_path):
         for i, r in enumerate(rows):
             j = next(j for j in range(11) if (x[j] == r).all())
             assert (y[i] == alone[j]).all()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul4_avx2_and_avx512_give_the_same_bits(tmp_path, monkeypatch, bits):
+    """The AVX2 path (VPMADDUBSW on nibbles; 8-bit weights as two nibble halves whose int32 dots are added before
+    the block is scaled) and the AVX512-VNNI path (VPDPBUSD on nibbles, 8-bit weights on their bytes) reach the
+    same int32 block dots and add them alike: a model quantised so scores the same on either CPU."""
+    if "avx512_vnni" not in kernels.cpu_flags().split():
+        pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 path runs here")
+    monkeypatch.delenv("SPECEXPORT_MARCH", raising=False)  # scripts/test.sh runs this file again on the AVX2 build
+    native = kernels.library(64)
+    monkeypatch.setenv("SPECEXPORT_MARCH", "haswell")
+    avx2 = kernels.library(64)
+    assert native != avx2 and kernels.matmul4_on(avx2)
+    K, N = 608, 200  # a partial last panel; K of 19 blocks
+    B, S, _ = quantised(K, N, 7, bits)
+    x = np.random.default_rng(8).standard_normal((9, K), dtype=np.float32)
+    for M in (1, 2, 3, 4, 9):
+        ys = [session(tmp_path, K, N, B, S, bits=bits, lib=lib).run(None, {"A": x[:M]})[0] for lib in (native, avx2)]
+        assert (ys[0] == ys[1]).all(), (bits, M)
 
 
 def test_matmul4_only_where_asked_and_its_off_switch(tmp_path, monkeypatch):

@@ -20,10 +20,12 @@
  * y) block after block in order. Every step depends on the row alone, so a row's output is bit-identical
  * whatever rows share its call: verify rows score exactly as decode rows, trees included.
  *
- * 8-bit weights ([N, K / 32, 32], the value q - 128: `--draft self:int8`) run on the same loops: q = 16 hi + lo,
- * so a block of 8-bit weights is two blocks of nibbles in a row, hi (the value hi - 8) and lo (the value lo, so no
- * 8 x the sum), both against the block's quantised activations and scaled by its one scale, the hi block's exact
- * int32 dot times 16 (`create`'s nibble; sh = 1 in the loops): twice the nibbles and multiply-adds of int4.
+ * 8-bit weights ([N, K / 32, 32], the value q - 128: `--draft self:int8`): the block's exact int32 dot of (q - 128)
+ * x the block's quantised activations, then scaled and added as above, one fma a block. The AVX512-VNNI path keeps
+ * the bytes as they are (a 64-byte load: 16 columns x 4 k) and takes one VPDPBUSD per 4 k, 128 x the activation
+ * sum off; the AVX2 path runs them as two blocks of nibbles in a row (q = 16 hi + lo: hi, the value hi - 8, then
+ * lo, the value lo; `create`'s nibble, sh = 1 in its loops), the hi block's int32 dot x 16 added to the lo one's
+ * before the block is scaled. Both reach the same integers, so a draft quantised so scores the same on either.
  * Why: SmolLM2's int4 self-draft agreed with its target's greedy token at 0.75 of positions, an int8 one at 0.97
  * (teacher-forced, 16 Spec-Bench prompts, 2026-12-07), and onnxruntime's own 8-bit MatMulNBits took 11.7 ms a
  * one-row call of the draft against 6.9 for the int4 one on this kernel (`epyc-zen3`). */
@@ -50,11 +52,12 @@ int specexport_parts(void);
 #define RB2 6 /* rows per register block over half a panel (2 groups), for calls of 4 rows or more */
 
 typedef struct {
-  uint8_t *w; /* [panels][blocks][4 (j)][NG][64]: see the header */
+  uint8_t *w; /* [panels][nb][4 (j)][NG][64] nibbles: see the header (8-bit weights on AVX512-VNNI: [panels][nq][8 (j)]
+               * [NG][64] bytes, 16 columns x 4 k a load) */
   float *s;   /* [panels][blocks][NG * GC] */
   int64_t K, N, nb, np;
   int64_t nq; /* blocks of K (of activations and scales): nb for 4-bit weights, nb / 2 for 8-bit ones */
-  int sh;     /* 0 for 4-bit weights; 1 for 8-bit: nibble block b is block b >> 1 of k, hi where b is even */
+  int sh;     /* 0 for 4-bit weights; 1 for 8-bit: (the AVX2 path) nibble block b is block b >> 1 of k, hi where b is even */
 } Kernel;
 
 typedef struct {
@@ -68,47 +71,52 @@ typedef struct {
 } Call;
 
 #if defined(MM4_512)
-/* y[r0 .. r0 + R) x the G groups from g0 of panel p: R and G constants per instance, so the accumulators stay
+/* y[r0 .. r0 + R) x the G groups from g0 of panel p: R, G and W8 constants per instance, so the accumulators stay
  * in registers. Whatever R, G and g0, a row's column sums the same int32 block dots and adds them in the same
- * block order, so its output does not depend on the instance that ran it */
-#define ROWS(R, G)                                                                                            \
-  static void rows##R##_##G(const Kernel *k, const Call *c, int64_t p, int64_t r0, int g0) {                \
+ * block order, so its output does not depend on the instance that ran it. W8: 8-bit weights, laid out as bytes
+ * (create): one VPDPBUSD per 4 k of the u8 value q against 4 int8 activations, then 128 x the block's sum off, the
+ * block's exact int32 dot of (q - 128) x qa that the AVX2 path reaches by two nibble blocks (4-bit: two VPDPBUSD
+ * per 8 k on the masked nibbles, 8 x the sum off) */
+#define ROWS(R, G, W8)                                                                                        \
+  static void rows##R##_##G##_##W8(const Kernel *k, const Call *c, int64_t p, int64_t r0, int g0) {         \
     const int64_t nb = k->nb, nq = k->nq, Kp = nq * QB;                                                     \
-    const int sh = k->sh;                                                                                   \
+    const int J = W8 ? 8 : 4, step = W8 ? 4 : 8; /* loads of 64 bytes a group and block, k each covers */   \
     const __m512i m4 = _mm512_set1_epi8(0x0f);                                                              \
     __m512 acc[R][G];                                                                                       \
     for (int r = 0; r < R; r++)                                                                             \
       for (int i = 0; i < G; i++) acc[r][i] = _mm512_setzero_ps();                                          \
     const uint8_t *w = k->w + p * nb * 256 * NG + 64 * g0;                                                  \
     const float *s = k->s + p * nq * GC * NG + GC * g0;                                                     \
-    for (int64_t b = 0; b < nb; b++) {                                                                      \
+    for (int64_t b = 0; b < nq; b++) {                                                                      \
       __m512i d[R][G];                                                                                      \
       for (int r = 0; r < R; r++)                                                                           \
         for (int i = 0; i < G; i++) d[r][i] = _mm512_setzero_si512();                                       \
-      for (int j = 0; j < 4; j++, w += 64 * NG) {                                                           \
+      for (int j = 0; j < J; j++, w += 64 * NG) {                                                           \
         __m512i a0[R], a1[R];                                                                               \
         for (int r = 0; r < R; r++) {                                                                       \
-          const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + (b >> sh) * QB + 8 * j);             \
-          a0[r] = _mm512_set1_epi32(q[0]), a1[r] = _mm512_set1_epi32(q[1]);                                 \
+          const int32_t *q = (const int32_t *)(c->qa + (r0 + r) * Kp + b * QB + step * j);                  \
+          a0[r] = _mm512_set1_epi32(q[0]), a1[r] = W8 ? a0[r] : _mm512_set1_epi32(q[1]);                    \
         }                                                                                                   \
         for (int i = 0; i < G; i++) {                                                                       \
           __m512i v = _mm512_load_si512((const void *)(w + 64 * i));                                        \
-          __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);         \
-          for (int r = 0; r < R; r++) {                                                                     \
-            d[r][i] = _mm512_dpbusd_epi32(d[r][i], lo, a0[r]);                                              \
-            d[r][i] = _mm512_dpbusd_epi32(d[r][i], hi, a1[r]);                                              \
+          if (W8) {                                                                                         \
+            for (int r = 0; r < R; r++) d[r][i] = _mm512_dpbusd_epi32(d[r][i], v, a0[r]);                   \
+          } else {                                                                                          \
+            __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);       \
+            for (int r = 0; r < R; r++) {                                                                   \
+              d[r][i] = _mm512_dpbusd_epi32(d[r][i], lo, a0[r]);                                            \
+              d[r][i] = _mm512_dpbusd_epi32(d[r][i], hi, a1[r]);                                            \
+            }                                                                                               \
           }                                                                                                 \
         }                                                                                                   \
       }                                                                                                     \
-      const int lo = (int)(b & sh), up = sh && !lo ? 4 : 0; /* 8-bit: a lo block (no sum), a hi one (x 16) */ \
       for (int r = 0; r < R; r++) {                                                                         \
-        int64_t x = (r0 + r) * nq + (b >> sh);                                                              \
-        __m512i z = _mm512_set1_epi32(lo ? 0 : c->asum[x]);                                                 \
+        int64_t x = (r0 + r) * nq + b;                                                                      \
+        __m512i z = _mm512_set1_epi32(c->asum[x] << (W8 ? 4 : 0)); /* 8 x the sum, or 128 x */              \
         __m512 sa = _mm512_set1_ps(c->sa[x]);                                                               \
         for (int i = 0; i < G; i++) {                                                                       \
-          __m512 dot = _mm512_cvtepi32_ps(_mm512_slli_epi32(_mm512_sub_epi32(d[r][i], z), up));             \
-          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + (b >> sh) * NG * GC + i * GC), sa), \
-                                      acc[r][i]);                                                           \
+          __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(d[r][i], z));                                    \
+          acc[r][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_load_ps(s + b * NG * GC + i * GC), sa), acc[r][i]); \
         }                                                                                                   \
       }                                                                                                     \
     }                                                                                                       \
@@ -119,18 +127,20 @@ typedef struct {
       for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(c->y + (r0 + r) * k->N + n0, mask, acc[r][i]);      \
     }                                                                                                       \
   }
-ROWS(1, 4)
-ROWS(2, 4)
-ROWS(3, 4)
-ROWS(1, 2)
-ROWS(2, 2)
-ROWS(3, 2)
-ROWS(4, 2)
-ROWS(5, 2)
-ROWS(6, 2)
+#define ROWS_BOTH(R, G) ROWS(R, G, 0) ROWS(R, G, 1)
+ROWS_BOTH(1, 4)
+ROWS_BOTH(2, 4)
+ROWS_BOTH(3, 4)
+ROWS_BOTH(1, 2)
+ROWS_BOTH(2, 2)
+ROWS_BOTH(3, 2)
+ROWS_BOTH(4, 2)
+ROWS_BOTH(5, 2)
+ROWS_BOTH(6, 2)
 typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int);
-static const Rows rows4[RB4 + 1] = {NULL, rows1_4, rows2_4, rows3_4};
-static const Rows rows2[RB2 + 1] = {NULL, rows1_2, rows2_2, rows3_2, rows4_2, rows5_2, rows6_2};
+static const Rows rows4[2][RB4 + 1] = {{NULL, rows1_4_0, rows2_4_0, rows3_4_0}, {NULL, rows1_4_1, rows2_4_1, rows3_4_1}};
+static const Rows rows2[2][RB2 + 1] = {{NULL, rows1_2_0, rows2_2_0, rows3_2_0, rows4_2_0, rows5_2_0, rows6_2_0},
+                                       {NULL, rows1_2_1, rows2_2_1, rows3_2_1, rows4_2_1, rows5_2_1, rows6_2_1}};
 
 /* Calls of up to 3 rows take whole panels, 3 rows at a time: a row alone has 4 chains of VPDPBUSD. From 4 rows
  * on, half panels, up to 6 rows at a time: each weight byte is unpacked once per 6 rows instead of per 3, and
@@ -140,7 +150,7 @@ static void part(void *arg, size_t p) {
   const Kernel *k = c->k;
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
   int half = c->M > RB4, rb = half ? RB2 : RB4, G = half ? 2 : NG;
-  const Rows *fn = half ? rows2 : rows4;
+  const Rows *fn = half ? rows2[k->sh] : rows4[k->sh];
   int64_t nblk = (c->M + rb - 1) / rb;
   for (int64_t q = p0; q < p1; q++)
     for (int g0 = 0; g0 < NG; g0 += G)
@@ -198,14 +208,15 @@ static inline void ahead(Ahead *a) {
  * s8 activation, adjacent pairs into int16: |15 x 127 x 2| = 3,810, never saturates) added in int16 over the
  * block's 4 j, lo and hi (16 products a lane, |sum| <= 30,480 < 32,767: exact), then VPMADDWD by 1 into int32:
  * the same integer block dot as VPDPBUSD's, so the same float arithmetic after it and the same bits. */
-#define ROWS(R, H)                                                                                            \
-  static void rows##R##_##H(const Kernel *k, const Call *c, int64_t p, int64_t r0, int h0, Ahead *ah) {     \
+#define ROWS(R, H, W8)                                                                                        \
+  static void rows##R##_##H##_##W8(const Kernel *k, const Call *c, int64_t p, int64_t r0, int h0, Ahead *ah) { \
     const int64_t nb = k->nb, nq = k->nq, Kp = nq * QB;                                                     \
-    const int sh = k->sh;                                                                                   \
+    const int sh = W8;                                                                                      \
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);                                  \
     __m256 acc[R][H];                                                                                       \
+    __m256i hi8[R][H]; /* 8-bit weights: the hi half-block's dot x 16, until the lo half adds its own */      \
     for (int r = 0; r < R; r++)                                                                             \
-      for (int h = 0; h < H; h++) acc[r][h] = _mm256_setzero_ps();                                          \
+      for (int h = 0; h < H; h++) acc[r][h] = _mm256_setzero_ps(), hi8[r][h] = _mm256_setzero_si256();      \
     const uint8_t *w = k->w + p * nb * 256 * NG + 32 * h0;                                                  \
     const float *s = k->s + p * nq * GC * NG + 8 * h0;                                                      \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
@@ -225,13 +236,18 @@ static inline void ahead(Ahead *a) {
             d[r][h] = _mm256_add_epi16(d[r][h], t);                                                         \
           }                                                                                                 \
         }                                                                                                   \
-      const int lo = (int)(b & sh), up = sh && !lo ? 4 : 0; /* 8-bit: a lo block (no sum), a hi one (x 16) */ \
+      const int lo = (int)(b & sh); /* 8-bit: the block's lo half (no sum off), after its hi half */          \
       for (int r = 0; r < R; r++) {                                                                         \
         int64_t x = (r0 + r) * nq + (b >> sh);                                                              \
         __m256i z = _mm256_set1_epi32(lo ? 0 : c->asum[x]);                                                 \
         __m256 sa = _mm256_set1_ps(c->sa[x]);                                                               \
         for (int h = 0; h < H; h++) {                                                                       \
-          __m256i dot = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_madd_epi16(d[r][h], one), z), up);        \
+          __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(d[r][h], one), z);                               \
+          if (sh && !lo) {                                                                                  \
+            hi8[r][h] = _mm256_slli_epi32(dot, 4);                                                          \
+            continue;                                                                                       \
+          }                                                                                                 \
+          if (lo) dot = _mm256_add_epi32(dot, hi8[r][h]); /* the 8-bit block's exact dot */                 \
           acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),                                              \
                                       _mm256_mul_ps(_mm256_load_ps(s + (b >> sh) * NG * GC + 8 * h), sa), acc[r][h]); \
         }                                                                                                   \
@@ -252,20 +268,22 @@ static inline void ahead(Ahead *a) {
       }                                                                                                     \
     }                                                                                                       \
   }
-ROWS(1, 4)
-ROWS(2, 4)
-ROWS(3, 2)
-ROWS(1, 1)
-ROWS(2, 1)
-ROWS(3, 1)
-ROWS(4, 1)
-ROWS(5, 1)
-ROWS(6, 1)
-ROWS(7, 1)
-ROWS(8, 1)
+#define ROWS_BOTH(R, H) ROWS(R, H, 0) ROWS(R, H, 1)
+ROWS_BOTH(1, 4)
+ROWS_BOTH(2, 4)
+ROWS_BOTH(3, 2)
+ROWS_BOTH(1, 1)
+ROWS_BOTH(2, 1)
+ROWS_BOTH(3, 1)
+ROWS_BOTH(4, 1)
+ROWS_BOTH(5, 1)
+ROWS_BOTH(6, 1)
+ROWS_BOTH(7, 1)
+ROWS_BOTH(8, 1)
 typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int, Ahead *);
 #define RB1 8 /* rows per register block over one half-group: 8 int16 accumulators */
-static const Rows rows1[RB1 + 1] = {NULL, rows1_1, rows2_1, rows3_1, rows4_1, rows5_1, rows6_1, rows7_1, rows8_1};
+static const Rows rows1[2][RB1 + 1] = {{NULL, rows1_1_0, rows2_1_0, rows3_1_0, rows4_1_0, rows5_1_0, rows6_1_0, rows7_1_0, rows8_1_0},
+                                       {NULL, rows1_1_1, rows2_1_1, rows3_1_1, rows4_1_1, rows5_1_1, rows6_1_1, rows7_1_1, rows8_1_1}};
 
 /* One row takes a panel's 8 half-groups 4 at a time, 2 rows 4 at a time, 3 rows 2 at a time (each weight byte
  * unpacked once per call); from 4 rows on, one half-group at a time, up to 8 rows at a time (9 rows: 5 + 4).
@@ -275,7 +293,8 @@ static void part(void *arg, size_t p) {
   const Kernel *k = c->k;
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
   int H = c->M <= 2 ? 4 : c->M == 3 ? 2 : 1;
-  Rows few = c->M == 1 ? rows1_4 : c->M == 2 ? rows2_4 : rows3_2;
+  const int w8 = k->sh;
+  Rows few = c->M == 1 ? (w8 ? rows1_4_1 : rows1_4_0) : c->M == 2 ? (w8 ? rows2_4_1 : rows2_4_0) : (w8 ? rows3_2_1 : rows3_2_0);
   int64_t nblk = (c->M + RB1 - 1) / RB1, passes = 2 * NG / H * nblk; /* 1 block up to 8 rows */
   const int64_t wbytes = k->nb * 256 * NG, sbytes = k->nq * GC * NG * 4; /* a panel's nibbles and scales */
   Ahead ah = {.lines = (int)((wbytes / 64 + passes * k->nb - 1) / (passes * k->nb)),
@@ -289,7 +308,7 @@ static void part(void *arg, size_t p) {
       else
         for (int64_t i = 0, r = 0; i < nblk; i++) {
           int64_t r1 = c->M * (i + 1) / nblk;
-          rows1[r1 - r](k, c, q, r, h0, &ah);
+          rows1[w8][r1 - r](k, c, q, r, h0, &ah);
           r = r1;
         }
   }
@@ -401,7 +420,7 @@ static OrtStatus *constant(const OrtKernelInfo *info, size_t i, const void **dat
 }
 
 /* the 4-bit value of k in a block's bytes: 4-bit weights hold k = 2t in byte t's low nibble, 2t + 1 in its high
- * one; 8-bit weights hold k in byte k, q = 16 hi + lo (value q - 128 = 16 (hi - 8) + lo), and the kernel runs
+ * one; 8-bit weights hold k in byte k, q = 16 hi + lo (value q - 128 = 16 (hi - 8) + lo), and the AVX2 path runs
  * such a block as two 4-bit blocks, hi (value hi - 8, its dot x 16) then lo (value lo, so no 8 x the sum) */
 static uint8_t nibble(const uint8_t *src, int64_t bits, int high, int kk) {
   if (bits == 4) return (src[kk / 2] >> (4 * (kk & 1))) & 15;
@@ -442,6 +461,16 @@ static OrtStatus *create(const OrtCustomOp *op, const OrtApi *api, const OrtKern
   memset(k->s, 0, sbytes);
   for (int64_t n = 0; n < N; n++) {
     int64_t p = n / (GC * NG), i = n / GC % NG, c = n % GC;
+#if defined(MM4_512)
+    if (bits == 8) { /* the bytes as they are, a column's 4 k together: 8 loads of 64 bytes a group and block */
+      for (int64_t bq = 0; bq < nq; bq++) {
+        for (int j = 0; j < 8; j++)
+          memcpy(k->w + (((p * nq + bq) * 8 + j) * NG + i) * 64 + 4 * c, B + (n * nq + bq) * QB + 4 * j, 4);
+        k->s[((p * nq + bq) * NG + i) * GC + c] = S[n * nq + bq];
+      }
+      continue;
+    }
+#endif
     for (int64_t b = 0; b < nb; b++) {
       const int64_t bq = b >> k->sh; /* the block of k */
       const uint8_t *src = B + (n * nq + bq) * (QB * bits / 8);
