@@ -173,9 +173,9 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         st = pipe.engine.stats()
         assert any(B > 1 for B in st["draft_batch"]), st
         pipe.close(10)
-    # where the guard acts (B >= 3; its pauses off here) and has measured the batch size, k="auto" drafts nothing
-    # while even its best k would deliver fewer tokens per second than a plain call: only the guard's first tries at
-    # 4 rows draft; with verify calls priced cheap the steps at 4 rows draft
+    # where the guard acts (B >= 3; its pauses off here), k="auto" drafts nothing where not even every drafted
+    # token accepted would beat a plain call (verify calls 8x a plain one, T <= 5: no tries either); with verify
+    # calls priced cheap the steps at 4 rows draft
     if attention == "fused" and not pipe.target.kernel:
         return  # onnxruntime's own attention verifies nothing at B > 1: no drafts to choose (batch_ts)
     want = [solo(pipe, p, max_new_tokens=24) for p in PROMPTS[:4]]
@@ -191,7 +191,7 @@ def test_self_draft_reads_the_target_pool(ckpts, tmp_path, attention):
         assert eng.counters["batch"].get(4), eng.counters
         steps_at_4 = eng.counters["batch"][4]
         # until the guard has measured 4 rows (steps with a prompt riding along are not its) every step drafts
-        assert (runs.count(4) <= steps_at_4 // 2) if few else (runs.count(4) > steps_at_4 // 2), (runs, eng.counters)
+        assert (runs.count(4) == 0) if few else (runs.count(4) > steps_at_4 // 2), (runs, eng.counters)
         pipe.close(10)
 
 
@@ -201,10 +201,12 @@ def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path, monkeypatch):
     graphs run every B, and a try at each cost a burst 8%, engine._spec_measured): three requests decode and
     draft once at 3 rows, a fourth arrives and the 4-row steps draft nothing (the retries after PROBE_STEPS
     priced-out steps left off: test_priced_out_drafts_are_retried_and_k_keeps_to_a_margin); the tokens are the
-    solo ones."""
+    solo ones. Verify calls 4x a plain one and every request's rate 0.5: priced out, though 5 tokens a row (rate 1)
+    would pay, so the guard does try."""
     from specexport.runtime import engine as E
 
     monkeypatch.setattr(E, "PROBE_STEPS", 10 ** 6)
+    monkeypatch.setattr(E.Sequence, "chain_rate", property(lambda s: 0.5))
     pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", attention="fused",
                                         batch_sizes=(1, 2, 4)))
     if not pipe.target.kernel:
@@ -214,7 +216,7 @@ def test_no_retry_of_its_own_at_more_rows(ckpts, tmp_path, monkeypatch):
     eng = pipe.start_engine(max_batch=4, max_queue=8)
     eng._thread = True  # driven by hand
     eng.payoff.allows = lambda B: True
-    runs = priced_with_draft_spy(eng, 8.0, (1, 2, 3, 4))
+    runs = priced_with_draft_spy(eng, 4.0, (1, 2, 3, 4))
     cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in prompts[:3]]
     while eng.counters["batch"].get(3, 0) < 4:
         assert eng.step()
@@ -828,18 +830,20 @@ def test_a_first_try_waits_for_a_step_without_a_ride(bundle_portable):
     """At a guarded B not measured yet, where the prices say no k pays, a step that carries a riding prefill chunk
     drafts nothing (the guard measures only steps without one, so a try there would be tried again) and the next
     step without one tries; where they say one pays, and once measured, and below the guarded sizes, rides draft
-    as other steps do."""
+    as other steps do. Where not even every drafted token accepted would pay, no step tries."""
     pipe, eng, cs, auto, ts = auto_drafting(bundle_portable)
     eng.drafts.costs.seen = {(B, 1): 1e-9 for B in (1, 2, 3, 4)}
     for s in auto:
-        s.chain_hits, s.chain_tries = 0.9, 1.0
-    for verify_cost, ride_k in ((8.0, False), (1.0, True)):  # 8x a plain call: not even k + 1 tokens a row pay
+        s.chain_hits, s.chain_tries = 0.3, 1.0
+    # 2.5x a plain call: rate ~0.3 is priced out, though k + 1 tokens a row would pay; 8x: not even those
+    for verify_cost, ride_k, tries in ((2.5, False, True), (1.0, True, True), (8.0, False, False)):
         eng.costs.seen = {(B, T): 1.0 if T == 1 else verify_cost for B in (1, 2, 3, 4) for T in [1] + ts}
         eng.payoff.steps = {}
         assert not eng._spec_measured(4)
         assert (eng._model_k(auto, 4, ride=True) > 0) == ride_k, verify_cost
-        assert eng._model_k(auto, 4) > 0  # the first try
+        assert (eng._model_k(auto, 4) > 0) == tries, verify_cost  # the first try
         assert eng._model_k(auto, 2, ride=True) > 0  # below Payoff.MIN_ROWS nothing is guarded
+    eng.costs.seen = {(B, T): 1.0 for B in (1, 2, 3, 4) for T in [1] + ts}
     eng.payoff.steps = {4: 1}
     assert eng._model_k(auto, 4, ride=True) > 0
     for c in cs:

@@ -730,7 +730,10 @@ class Engine:
         without a riding prefill chunk (`ride`): the guard measures only those, so a try in a ride measured nothing
         and the next step tried again (under Poisson arrivals at 8 requests, 4 of 7 drafting steps at B >= 3 were
         such tries in rides, 104-224 ms against 30-122 ms for rides at the same B without drafts, 2026-12-06,
-        `epyc-zen3`); one the prices say will pay drafts in a ride too."""
+        `epyc-zen3`); one the prices say will pay drafts in a ride too. No tries at all at a B where even rate 1
+        (T tokens a row) would not beat plain: at 8 rows on `epyc-zen4` (2026-12-07) an (8, 3) call was priced 45.7
+        ms and a draft call 15.5 against a 19.0 ms plain call, and each try chose T = 1 and paid its two draft
+        calls for nothing."""
         if not auto:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
@@ -745,6 +748,11 @@ class Engine:
             best = last
         self.last_T[B] = best
         plain = len(auto) / self.costs.cost(B, 1)
+        # where not even every drafted token accepted would beat plain steps (the (B, T) calls and the draft's
+        # cost more than T plain steps), the guard's tries measure nothing that could change the choice: none
+        if B >= Payoff.MIN_ROWS and ts and max(len(auto) * T / (self.costs.cost(B, T) + (T - 1) * dc)
+                                               for T in ts) <= plain:
+            return 0
         cls = self._built(B)
         measured = self._spec_measured(B)
         if ride and B >= Payoff.MIN_ROWS and not measured and ts and gain[best] <= plain:
