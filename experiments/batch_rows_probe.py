@@ -1,16 +1,16 @@
 """Fused decode calls of B rows (pool rows at 300-350 cached tokens), interleaved: median ms per B, and with
-`profile` onnxruntime's ms per op type; `draft`: the bundle's draft graph's calls instead of the target's.
-  python experiments/batch_rows_probe.py BUNDLE 1,2,4,6,8 [profile] [draft]"""
+`profile` onnxruntime's ms per op type.
+  python experiments/batch_rows_probe.py BUNDLE 1,2,4,6,8 [profile]"""
 import collections, json, os, sys, tempfile, time
 import numpy as np, onnxruntime as ort
 import specexport
 from specexport.backends.ort import session_options
 bundle = sys.argv[1]; Bs = [int(x) for x in sys.argv[2].split(",")]
-prof = "profile" in sys.argv[3:]
+prof = len(sys.argv) > 3
 pipe = specexport.load(bundle, verify=False)
-t = pipe.draft if "draft" in sys.argv[3:] else pipe.target
+t = pipe.target
 if prof:
-    so = session_options(None, t.kernel, t.weights, t.nbits); so.enable_profiling = True
+    so = session_options(None, t.kernel); so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "bprof")
     t.session = ort.InferenceSession(str(pipe.root / t.entry.graph), so)
 pool = t.new_pool(max(Bs))
