@@ -739,6 +739,12 @@ class Engine:
         ts = sorted(t for name, t in self.target.entry.profiles.items()
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
         dc = self.drafts.costs.cost(B, 1)
+        plain = len(auto) / self.costs.cost(B, 1)
+        # where not even every drafted token accepted would beat plain steps (the (B, T) calls and the draft's
+        # cost more than T plain steps), the guard's tries measure nothing that could change the choice: none
+        if B >= Payoff.MIN_ROWS and ts and max(len(auto) * T / (self.costs.cost(B, T) + (T - 1) * dc)
+                                               for T in ts) <= plain:
+            return 0
         off = self._rate_offset(type(auto[0].drafter))
         rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
         gain = {T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc) for T in ts}
@@ -747,12 +753,6 @@ class Engine:
         if last in gain and gain[best] < (1 + K_MARGIN) * gain[last]:
             best = last
         self.last_T[B] = best
-        plain = len(auto) / self.costs.cost(B, 1)
-        # where not even every drafted token accepted would beat plain steps (the (B, T) calls and the draft's
-        # cost more than T plain steps), the guard's tries measure nothing that could change the choice: none
-        if B >= Payoff.MIN_ROWS and ts and max(len(auto) * T / (self.costs.cost(B, T) + (T - 1) * dc)
-                                               for T in ts) <= plain:
-            return 0
         cls = self._built(B)
         measured = self._spec_measured(B)
         if ride and B >= Payoff.MIN_ROWS and not measured and ts and gain[best] <= plain:
