@@ -57,7 +57,8 @@ typedef struct {
   float *s;   /* [panels][blocks][NG * GC] */
   int64_t K, N, nb, np;
   int64_t nq; /* blocks of K (of activations and scales): nb for 4-bit weights, nb / 2 for 8-bit ones */
-  int sh;     /* 0 for 4-bit weights; 1 for 8-bit: (the AVX2 path) nibble block b is block b >> 1 of k, hi where b is even */
+  int sh;     /* 0 for 4-bit weights; 1 for 8-bit (in the AVX2 path nibble block b is block b >> 1 of k, hi where
+               * b is even) */
 } Kernel;
 
 typedef struct {
@@ -294,7 +295,8 @@ static void part(void *arg, size_t p) {
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
   int H = c->M <= 2 ? 4 : c->M == 3 ? 2 : 1;
   const int w8 = k->sh;
-  Rows few = c->M == 1 ? (w8 ? rows1_4_1 : rows1_4_0) : c->M == 2 ? (w8 ? rows2_4_1 : rows2_4_0) : (w8 ? rows3_2_1 : rows3_2_0);
+  static const Rows fewer[2][4] = {{NULL, rows1_4_0, rows2_4_0, rows3_2_0}, {NULL, rows1_4_1, rows2_4_1, rows3_2_1}};
+  Rows few = fewer[w8][c->M <= 3 ? c->M : 0];
   int64_t nblk = (c->M + RB1 - 1) / RB1, passes = 2 * NG / H * nblk; /* 1 block up to 8 rows */
   const int64_t wbytes = k->nb * 256 * NG, sbytes = k->nq * GC * NG * 4; /* a panel's nibbles and scales */
   Ahead ah = {.lines = (int)((wbytes / 64 + passes * k->nb - 1) / (passes * k->nb)),
