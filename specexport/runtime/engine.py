@@ -739,15 +739,15 @@ class Engine:
         ts = sorted(t for name, t in self.target.entry.profiles.items()
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
         dc = self.drafts.costs.cost(B, 1)
+        step = {T: self.costs.cost(B, T) + (T - 1) * dc for T in ts}  # seconds of the (B, T) call and its drafts
         plain = len(auto) / self.costs.cost(B, 1)
         # where not even every drafted token accepted would beat plain steps (the (B, T) calls and the draft's
         # cost more than T plain steps), the guard's tries measure nothing that could change the choice: none
-        if B >= Payoff.MIN_ROWS and ts and max(len(auto) * T / (self.costs.cost(B, T) + (T - 1) * dc)
-                                               for T in ts) <= plain:
+        if B >= Payoff.MIN_ROWS and ts and max(len(auto) * T / step[T] for T in ts) <= plain:
             return 0
         off = self._rate_offset(type(auto[0].drafter))
         rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
-        gain = {T: sum(chain_tokens(r, T) for r in rates) / (self.costs.cost(B, T) + (T - 1) * dc) for T in ts}
+        gain = {T: sum(chain_tokens(r, T) for r in rates) / step[T] for T in ts}
         best = max(ts, key=gain.get, default=2)
         last = self.last_T.get(B)
         if last in gain and gain[best] < (1 + K_MARGIN) * gain[last]:
@@ -760,7 +760,7 @@ class Engine:
         if measured and ts and gain[best] <= plain:
             out = self.priced_out.setdefault(cls, [0, 0])
             out[0] += 1
-            steps = (self.costs.cost(B, best) + (best - 1) * dc) / self.costs.cost(B, 1)  # a retry's, in plain steps
+            steps = step[best] / self.costs.cost(B, 1)  # a retry's, in plain steps
             wait = max(PROBE_STEPS, round((1 - gain[best] / plain) * steps / PROBE_LOSS))
             if out[0] < wait << min(out[1], PROBE_DOUBLINGS):
                 return 0

@@ -116,12 +116,12 @@ class Pipeline:
     def _self_draft_pays(self) -> bool:
         """Whether the bundle's self-draft (an int4 or int8 copy of the target) is the default draft: where it reads
         the target's cache and runs specexport's MatMulNBits kernel (`nbits`), an int4 drafted token costs ~0.22 of
-        a float32 SmolLM2 step and it led recycle solo (1.52-1.62x plain against 1.17-1.24x) and on the batching engine at
-        1, 2 and 4 requests (1.67x / 1.47x / 1.08x plain against 1.44x / 1.35x / 1.02x; level at 8), docs/
-        benchmarks.md "The self-draft on the target's pool". On onnxruntime's kernels it cost ~half a target
+        a float32 SmolLM2 step and it led recycle solo (1.52-1.62x plain against 1.17-1.24x) and on the batching
+        engine at 1, 2 and 4 requests (1.67x / 1.47x / 1.08x plain against 1.44x / 1.35x / 1.02x; level at 8),
+        docs/benchmarks.md "The self-draft on the target's pool". On onnxruntime's kernels it cost ~half a target
         step per drafted token and stayed below recycle; an early-exit slice has a cache of its own. An int8 copy
-        costs 1.45-1.6x an int4 one per call and is accepted far more often (docs/benchmarks.md "An int8
-        self-draft")."""
+        costs 1.45-1.6x an int4 one per call on AVX2, 1.3x on AVX512-VNNI, and is accepted far more often
+        (docs/benchmarks.md "An int8 self-draft" and "The int8 self-draft on `epyc-zen4`")."""
         d = self.draft
         return (d is not None and self.target.entry.speculative and d.entry.kind in ("int4", "int8")
                 and bool(getattr(d, "nbits", False)) and shares_cache(self.target, d))
