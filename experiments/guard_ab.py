@@ -7,6 +7,7 @@ order rotated each round.
 
     python experiments/guard_ab.py BUNDLE [--concurrency 4,8] [--limit 8] [--max-new-tokens 128] [--rounds 3]
         [--k 4] [--draft model|recycle|ngram] [--backend onnxruntime] [--variants step-rates,each-B,uncalibrated]
+        (also prob-P, rows-N: the cut of one row's drafts; see --help)
         [--prompts spread|bench]
 
 Per level: tokens per second of each whole burst (medians over rounds, each round's too), each method's ratio
@@ -16,6 +17,7 @@ are the same under all methods.
 import argparse
 import collections
 import json
+import math
 import time
 
 import numpy as np
@@ -23,8 +25,10 @@ import numpy as np
 import specexport
 from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff
-from specexport.runtime.drafters import PoolDrafts
+from specexport.runtime import engine as engine_module
+from specexport.runtime.drafters import Doubt
 from specexport.runtime.engine import Engine
+from specexport.runtime.sampling import logsumexp
 
 
 class StepRates(Payoff):
@@ -59,6 +63,28 @@ class StepRates(Payoff):
             self.fails.pop(B, None)
 
 
+class ProbDoubt(Doubt):
+    """Before 2026-12-07 09:00: one row's drafts stopped at the draft's first proposal of probability below P
+    (then 0.3, up to 4 tokens), nothing learnt: a chance of 1 or 0, against a bar of 0.5 (`prob_bars`)."""
+
+    def __init__(self, P):
+        super().__init__()
+        self.P = P
+
+    def cell(self, logits, t):
+        return math.exp(float(logits[t]) - logsumexp(logits)) >= self.P
+
+    def chance(self, cell):
+        return float(cell)
+
+    def record(self, cells, a, verified):
+        pass
+
+
+def prob_bars(run):
+    return lambda pairs, bars: run(pairs, {r: 0.5 for r in bars})
+
+
 def each_B(self, B):
     """Before 2026-12-05 21:20: the choice of k at B is 0 only once B itself was measured (not a smaller B of
     the same built batch size)."""
@@ -70,7 +96,8 @@ def uncalibrated(self, kind):
     return 0.0
 
 
-_spec_measured, _rate_offset, _confident = Engine._spec_measured, Engine._rate_offset, PoolDrafts.CONFIDENT
+_spec_measured, _rate_offset = Engine._spec_measured, Engine._rate_offset
+_confident_k, _confident_rows = engine_module.CONFIDENT_K, engine_module.CONFIDENT_ROWS
 PAUSED = collections.Counter()  # steps the guard paused, by B
 _choose_T = Engine._choose_T
 
@@ -96,8 +123,10 @@ def main() -> None:
     p.add_argument("--prompts", default="spread", choices=["spread", "bench"],
                    help="every 10th Spec-Bench question, or the first --limit of the bench's 4 per category")
     p.add_argument("--variants", default="step-rates,each-B,uncalibrated",
-                   help="the earlier forms of k=auto to run beside it (comma-separated; empty for none), and confident-P: "
-                        "one row's drafts stop at the draft's first proposal below probability P (0.5 as it is)")
+                   help="the earlier forms of k=auto to run beside it (comma-separated; empty for none), and "
+                        "prob-P: one row's drafts stop at the draft's first proposal below probability P, up to 4 "
+                        "(0.3 before 2026-12-07), "
+                        "rows-N: the cut up to N rows (1 as it is)")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     if a.prompts == "bench":  # what `specexport bench --requests N` takes: the first N of 4 per category
@@ -108,12 +137,12 @@ def main() -> None:
     auto = {"draft": a.draft, "k": "auto"}
     fixed = f"{a.draft}-k{a.k}"
     old = {"step-rates": (auto, StepRates), "each-B": (auto, Payoff), "uncalibrated": (auto, Payoff)}
-    # confident-P: one row's drafting stops at the draft's first proposal of probability below P (0: never)
-    old.update({v: (auto, Payoff) for v in a.variants.split(",") if v.startswith("confident-")})
+    old.update({v: (auto, Payoff) for v in a.variants.split(",") if v.startswith(("prob-", "rows-"))})
     methods = {f"auto-{v}": old[v] for v in a.variants.split(",") if v}
     methods.update({"auto": (auto, Payoff), fixed: ({"draft": a.draft, "k": a.k}, Payoff), "plain": ({"draft": "none"}, Payoff)})
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
+        run = pipe.engine.drafts and pipe.engine.drafts.run
         tps, outs, paused = collections.defaultdict(list), {}, collections.defaultdict(list)
         for r in range(a.rounds):
             for m in list(methods)[r % len(methods):] + list(methods)[:r % len(methods)]:
@@ -121,8 +150,14 @@ def main() -> None:
                 pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
                 pipe.engine.payoff, pipe.engine.chains = guard(), {}  # every burst starts afresh
                 Engine._spec_measured = each_B if m in ("auto-each-B", "auto-step-rates") else _spec_measured
-                Engine._rate_offset = _rate_offset if m in ("auto", fixed, "plain") or "confident-" in m else uncalibrated
-                PoolDrafts.CONFIDENT = float(m.split("confident-")[1]) if "confident-" in m else _confident
+                Engine._rate_offset = _rate_offset if m in ("auto", fixed, "plain") or "prob-" in m \
+                    or "rows-" in m else uncalibrated
+                engine_module.CONFIDENT_K = 4 if "prob-" in m else _confident_k
+                engine_module.CONFIDENT_ROWS = int(m.split("rows-")[1]) if "rows-" in m else _confident_rows
+                drafts = pipe.engine.drafts
+                if drafts is not None:  # what the cells learnt is forgotten too
+                    drafts.doubt = ProbDoubt(float(m.split("prob-")[1])) if "prob-" in m else Doubt()
+                    drafts.run = prob_bars(run) if "prob-" in m else run
                 PAUSED.clear()
                 t = time.perf_counter()
                 cs = [pipe.submit(q, max_new_tokens=a.max_new_tokens, **opts) for q in prompts]

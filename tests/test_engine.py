@@ -9,7 +9,7 @@ import specexport
 from specexport.errors import OptionError, PromptTooLong, QueueFull
 from conftest import build_bundle
 from specexport.runtime import prefill
-from specexport.runtime.drafters import PoolDrafts
+from specexport.runtime.drafters import Doubt, PoolDrafts
 from specexport.runtime.kv import KVPool
 
 PROMPTS = ["hello there, general", "abc abc abc abc abc", "The quick brown fox jumps over the lazy dog. The quick",
@@ -931,25 +931,51 @@ def test_a_request_starts_from_its_drafters_acceptance(bundles):
     assert rates == [0.5, 0.1, 0.9] and proposed
 
 
-def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path, monkeypatch):
-    """k="auto" with a draft model at 1 row drafts up to 4 tokens a step, each request stopping at its first
-    proposal the draft gives less than PoolDrafts.CONFIDENT: a random tiny model is never that sure (its proposals
-    get ~1/vocab), so it drafts one token a step; told to trust anything, it drafts 4. Every output is the
-    request's solo one either way."""
+def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path):
+    """k="auto" with a draft model at 1 row drafts up to CONFIDENT_K tokens a step, each request stopping once the
+    chance that all its proposals are accepted (the product of their learnt Doubt chances) is no more than the bar
+    the engine sets its row from the call costs: with every bar at 1 it drafts one token a step, with every bar
+    below 0 its largest built k; with the engine's bars (positive, from the measured calls) it learns from every
+    screened proposal the target judged. Every output is the request's solo one in each case."""
     pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", batch_sizes=(1, 2)))
     want = [solo(pipe, p, max_new_tokens=16) for p in PROMPTS[:2]]
-    for confident, check in ((PoolDrafts.CONFIDENT, lambda m: m == 1), (0.0, lambda m: m >= 4)):
-        monkeypatch.setattr(PoolDrafts, "CONFIDENT", confident)
+    kmax = max(pipe.target.entry.verify_ks())
+    for forced, check in ((1.0, lambda m: m == 1), (-1.0, lambda m: m == kmax), (None, None)):
         eng = pipe.start_engine(max_batch=1, max_queue=8)
-        lens, run = [], eng.drafts.run
+        lens, run, judged, seen = [], eng.drafts.run, [], []
+        tries = eng.drafts.doubt.tries.sum()
 
-        def spy(pairs, *a):
-            spent = run(pairs, *a)
+        def spy(pairs, bars):
+            seen.extend(bars.values())
+            spent = run(pairs, bars if forced is None else {r: forced for r in bars})
             lens.extend(len(s.drafter.props) for s, _ in pairs)
             return spent
 
-        eng.drafts.run = spy
+        def spy_accepted(s, a, verified, accepted=eng.drafts.accepted):
+            judged.append(min(verified, a + 1) if s.drafter.screened else 0)
+            return accepted(s, a, verified)
+
+        eng.drafts.run, eng.drafts.accepted = spy, spy_accepted
         cs = [pipe.submit(p, max_new_tokens=16, draft="model", k="auto") for p in PROMPTS[:2]]
         assert [c.wait(60).token_ids for c in cs] == want
-        assert lens and check(max(lens)), (confident, lens)
+        assert lens and (check is None or check(max(lens))), (forced, lens)
+        assert seen and all(0 < b < float("inf") for b in seen), seen
+        # the cells learnt each proposal the target judged
+        assert sum(judged) > 0 and eng.drafts.doubt.tries.sum() - tries == sum(judged)
         pipe.close(10)
+
+
+def test_doubt_learns_what_the_target_accepted():
+    """A Doubt cell's chance follows the verified proposals: accepted ones are hits, the first missed one a miss,
+    those after a miss and those not verified are not counted; the cells come from probability and margin."""
+    d = Doubt()
+    sure, close = d.cell(np.array([9.0, 0.0, 0.0, 0.0], np.float32), 0), d.cell(np.array([1.0, 1.0, 0.0], np.float32), 0)
+    assert sure == (4, 4) and close == (1, 0)  # p ~1 with a wide margin; p ~0.42 level with its runner-up
+    start = d.chance(close)
+    for _ in range(20):
+        d.record([sure, close, sure, sure], a=1, verified=4)  # sure accepted, close missed, the rest not judged
+    assert d.chance(close) < start / 5 and d.chance(sure) > 0.97
+    assert d.tries[sure] == d.PRIOR + 20 and d.tries[close] == d.PRIOR + 20
+    before = d.tries.copy()
+    d.record([close, close], a=2, verified=1)  # only the first was verified: one hit
+    assert d.tries.sum() == before.sum() + 1

@@ -311,15 +311,19 @@ def test_chain_law_and_its_slope(r, n):
     assert chain_slope(r, n) == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 
-def test_draft_probability_is_the_softmax():
-    """drafters.model.prob (float32, one pass) equals the float64 softmax, at the argmax and elsewhere, and
-    does not overflow on large logits."""
-    from specexport.runtime.drafters.model import prob
+def test_doubt_cell_is_the_softmax_bins():
+    """drafters.model.Doubt.cell (float32, one pass) puts a proposal in the bins of its float64 softmax
+    probability and margin over the runner-up, at the argmax and elsewhere (the first and last token too, where
+    one of the runner-up's slices is empty), and does not overflow on large logits."""
+    from specexport.runtime.drafters.model import Doubt
 
     rng = np.random.default_rng(0)
-    for scale, shift in ((1.0, 0.0), (8.0, 0.0), (3.0, 500.0)):
+    d = Doubt()
+    for scale, shift in ((1.0, 0.0), (8.0, 0.0), (3.0, 500.0), (20.0, 0.0)):
         logits = (rng.standard_normal(49152) * scale + shift).astype(np.float32)
         x = logits.astype(np.float64)
-        want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
-        for t in (int(np.argmax(logits)), 0, 1234):
-            assert prob(logits, t) == pytest.approx(want[t], rel=1e-4, abs=1e-9)
+        p = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+        for t in (int(np.argmax(logits)), 0, 1234, len(logits) - 1):
+            margin = p[t] - np.delete(p, t).max()
+            assert d.cell(logits, t) == (np.searchsorted(d.P_EDGES, p[t], side="right"),
+                                         np.searchsorted(d.M_EDGES, margin, side="right"))

@@ -54,10 +54,12 @@ CHAIN_PRIOR_START = (1.0, 2.0)  # a drafter's pooled (hits, tries) before any ve
 # 0.95: 1.01x it, 1.06x the 0.8 (13 Spec-Bench prompts one at a time, medians of 3 interleaved rounds, 2026-12-05)
 CHAIN_DECAY = 0.95
 # at up to this many rows a k="auto" draft model drafts up to CONFIDENT_K tokens (at least what `_model_k` chose),
-# each request stopping at its first proposal the draft is unsure of (PoolDrafts.CONFIDENT): replayed on 13
-# Spec-Bench questions with the measured call costs, 1.05x the best fixed k (experiments/draft_confidence.py);
-# at 2 rows it made 0.89-0.96x fixed k = 4 (a (2, 5) verify takes two passes over the weights, a (1, 5) one pass)
-CONFIDENT_ROWS, CONFIDENT_K = 1, 4
+# each request stopping where one more proposal is not expected to pay for its draft call (`_model_drafts`):
+# replayed on 13 Spec-Bench questions with the engine's call costs, the int8 self-draft made 136.6 tokens/s
+# drafting up to 8 and 126.3 up to 4, the int4 103.4 / 102.5 (experiments/draft_confidence.py, 2026-12-07
+# `epyc-zen4`); at 2 rows a cut by Doubt (then at a chance of 0.8) made 0.82x fixed k = 4 with the int8 self-draft
+# (experiments/guard_ab.py --variants rows-2, 08:38): a (2, 9) verify takes two passes over the weights, a (1, 9) one
+CONFIDENT_ROWS, CONFIDENT_K = 1, 8
 
 
 # the rate fit's weight of its past steps per verified step (~50 steps' memory), and the steps it needs before use
@@ -254,6 +256,7 @@ class Engine:
         # built batch size -> [steps priced out at its Bs since the last retry, retries priced out in a row]
         self.priced_out: dict = {}
         self.last_T: dict = {}  # B -> the T that `_model_k` chose last at B
+        self.spec_rate = 0.0  # the tokens per second a row of `_model_k`'s latest choice was expected to emit
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque = deque()
@@ -691,25 +694,36 @@ class Engine:
         nothing (`verifies` False: a fused B > 1 call decodes T = 1 only and no verify apart is possible), so
         a draft with a pool of its own falls behind and catches up in chunks when it drafts again (one on the
         target's pool starts from the target's committed length at every step). At one row (CONFIDENT_ROWS)
-        k="auto" requests draft up to CONFIDENT_K tokens, each stopping at its first proposal the draft is unsure
-        of."""
+        k="auto" requests draft up to CONFIDENT_K tokens, each stopping where the chance that its next proposal
+        is accepted no longer pays for that proposal's draft call."""
         want = [s for s in dec if isinstance(s.drafter, RowDraft)]
         for s in want:
             s.drafter.props = []
         if not want or not verifies:
             return
-        auto = self._model_k([s for s in want if s.cfg.adaptive], B, ride)
+        auto_rows = [s for s in want if s.cfg.adaptive]
+        auto = self._model_k(auto_rows, B, ride)
         if not auto:  # priced out: as a chain offered and not verified would (CHAIN_PRIOR_PULL), their rates drift
             for s in want:  # to the drafter's pooled acceptance, so they are tried again, not frozen at k = 0
                 if s.cfg.adaptive:
                     self._pull_to_prior(s)
-        if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops at its first doubt
+        bars = {}
+        if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops where it stops paying
             cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
             auto = max([auto] + [k for k in self.target.entry.verify_ks() if k <= cap])
+            # one more proposal adds the chance that it and every one before it are accepted, C * rate (rate its
+            # own, not yet drafted, at the request's running acceptance); it pays while that many tokens per
+            # second of its draft call beat the step's expected tokens per second (`_model_k`): C * rate >
+            # spec_rate * dc. Replayed with the engine's call costs (experiments/draft_confidence.py "marginal",
+            # 2026-12-07 `epyc-zen4`): a step's 5.3 ms int8 draft call against its ~0.13 tokens/ms draws the
+            # line at C ~0.75, the int4's 3.9 ms at ~0.55 with its lower rate; a cut at one chance for both
+            # (0.8) made 136.6 / 101.9 tokens/s against this rule's 136.6 / 103.4
+            dc = self.drafts.costs.cost(B, 1)
+            bars = {s.row: self.spec_rate * dc / max(r, 1e-3) for s, r in zip(auto_rows, self._chain_rates(auto_rows))}
         pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
         pairs = [(s, k) for s, k in pairs if k > 0]
         if pairs:
-            spent = self.drafts.run(pairs, PoolDrafts.CONFIDENT if B <= CONFIDENT_ROWS else 0.0)
+            spent = self.drafts.run(pairs, bars)
             for s, _ in pairs:
                 s.c.generation.stats.draft_s += spent / len(pairs)
 
@@ -745,14 +759,14 @@ class Engine:
         # cost more than T plain steps), the guard's tries measure nothing that could change the choice: none
         if B >= Payoff.MIN_ROWS and ts and max(len(auto) * T / step[T] for T in ts) <= plain:
             return 0
-        off = self._rate_offset(type(auto[0].drafter))
-        rates = [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
+        rates = self._chain_rates(auto)
         gain = {T: sum(chain_tokens(r, T) for r in rates) / step[T] for T in ts}
         best = max(ts, key=gain.get, default=2)
         last = self.last_T.get(B)
         if last in gain and gain[best] < (1 + K_MARGIN) * gain[last]:
             best = last
         self.last_T[B] = best
+        self.spec_rate = gain.get(best, 0.0) / len(auto)  # a row's expected tokens per second at that k
         cls = self._built(B)
         measured = self._spec_measured(B)
         if ride and B >= Payoff.MIN_ROWS and not measured and ts and gain[best] <= plain:
@@ -768,6 +782,11 @@ class Engine:
         else:
             self.priced_out.pop(cls, None)
         return best - 1
+
+    def _chain_rates(self, auto: list[Sequence]) -> list[float]:
+        """Each request's expected per-token acceptance: its running rate plus its drafter's `_rate_offset`."""
+        off = self._rate_offset(type(auto[0].drafter))
+        return [min(max(s.chain_rate + off, 0.0), 1.0) for s in auto]
 
     def _spec_measured(self, B: int) -> bool:
         """Whether the guard has measured speculation since its last pause at any B of B's built batch size (B =
@@ -828,7 +847,7 @@ class Engine:
         emitted, path = accept_tree(logits, tree, n, len(s.ids), s.pick)
         self.pool.commit(s.row, out.new_kv, b, path)
         if isinstance(s.drafter, RowDraft):
-            self.drafts.accepted(s, len(emitted) - 1)
+            self.drafts.accepted(s, len(emitted) - 1, n - 1)
         if isinstance(s.drafter, RecycleDrafter):
             s.drafter.verified(tree, path, emitted, logits[:n], None if out.top is None else out.top[b])
         elif s.drafter is not None and n > 1:

@@ -7,6 +7,7 @@ self-draft).
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -67,11 +68,44 @@ class ModelDrafter:
         self.cache.truncate(min(self.cache.n, n_before + min(a, k - 1)))
 
 
-def prob(logits: np.ndarray, t: int) -> float:
-    """The probability of token t under a row of logits (softmax by sampling.logsumexp in the logits' float32:
-    it is compared with a threshold, and one pass over SmolLM2's 49,152 logits takes ~43 us against ~234 us in
-    float64 (2026-12-06, `xeon-m207`), paid on every draft call at one row)."""
-    return math.exp(float(logits[t]) - logsumexp(logits))
+class Doubt:
+    """How likely the target is to accept a draft model's proposal, learned from its verified proposals: (accepted,
+    tried) counts per cell of two signals the draft gives with each one, its probability and its margin over its
+    runner-up (the two bins' edges below). Which signal tells depends on the draft: teacher-forced on the target's
+    greedy output (13 Spec-Bench questions, experiments/draft_confidence.py, 2026-12-07 `epyc-zen4`) the int4
+    self-draft's proposals agreed 39 / 66 / 82 / 89 / 100% by probability (< 0.3, < 0.5, < 0.7, < 0.9, above) and
+    35-93% by margin, the int8 self-draft's 86 / 95 / 99 / 100 / 100% by probability, so a cut at one probability
+    stopped it where it was still right six times in seven, and 73% below a margin of 0.05, 94% at 0.05-0.1, at
+    least 99% above 0.1: its proposals miss only where the target's top two are close. A cell starts at its
+    probability bin's middle, worth PRIOR tries, and the counts then follow what the target accepted."""
+
+    P_EDGES = (0.3, 0.5, 0.7, 0.9)
+    M_EDGES = (0.05, 0.1, 0.2, 0.4)
+    PRIOR = 2.0
+
+    def __init__(self):
+        mid = np.array([0.15, 0.4, 0.6, 0.8, 0.95])
+        self.tries = np.full((len(self.P_EDGES) + 1, len(self.M_EDGES) + 1), self.PRIOR)
+        self.hits = self.tries * mid[:, None]
+
+    def cell(self, logits: np.ndarray, t: int) -> tuple[int, int]:
+        """The cell of proposal t under a row of logits (softmax by sampling.logsumexp in the logits' float32:
+        one pass over SmolLM2's 49,152 logits takes ~43 us, ~234 us in float64; the runner-up is the larger of
+        two slices' maxima, ~3 us, where np.partition takes ~270 us; 2026-12-07, `epyc-zen4`)."""
+        lse = logsumexp(logits)
+        other = max(float(logits[:t].max(initial=-np.inf)), float(logits[t + 1:].max(initial=-np.inf)))
+        p = math.exp(float(logits[t]) - lse)
+        return bisect.bisect(self.P_EDGES, p), bisect.bisect(self.M_EDGES, p - math.exp(other - lse))
+
+    def chance(self, cell: tuple[int, int]) -> float:
+        return float(self.hits[cell] / self.tries[cell])
+
+    def record(self, cells: list, a: int, verified: int) -> None:
+        """A chain whose first `verified` proposals (cells) were verified, a of them accepted: each accepted one
+        and the first missed one were tried; those after a miss were not judged."""
+        for i, c in enumerate(cells[:min(verified, a + 1)]):
+            self.tries[c] += 1
+            self.hits[c] += i < a
 
 
 class RowDraft:
@@ -80,7 +114,9 @@ class RowDraft:
 
     def __init__(self):
         self.props: list = []
-        self.screened = False  # this step's drafts were made under the doubt rule (PoolDrafts.run's unsure > 0)
+        self.screened = False  # this step's drafts were made under the doubt rule (PoolDrafts.run's bars)
+        self.cells: list = []  # then each proposal's Doubt cell
+        self.chance = 1.0  # and the product of their chances
 
     def propose(self, tokens: list[int], k: int, choose: Choose | None = None) -> Proposal:
         return Proposal(self.props[:k], [None] * min(k, len(self.props)))
@@ -104,14 +140,6 @@ class PoolDrafts:
     engine reached 1.28x plain decoding at one request against 1.52-1.62x solo, where it shares the cache."""
 
     CATCHUP = 2  # tokens a row may be behind and still catch up in the shared calls
-    # where the engine asks (run's `unsure`), a request drafting with k="auto" stops drafting this step once the draft
-    # gives its latest proposal less than this probability: on 13 Spec-Bench questions (SmolLM2, its int4
-    # self-draft, teacher-forced on the target's greedy output) proposals below 0.3 agreed with the target 39% of
-    # the time, 0.3-0.5 66%, 0.5-0.9 82-89%, above 0.9 always (experiments/draft_confidence.py, 2026-12-05). At
-    # 0.5 one request made 0.87x / 0.91x fixed k = 4 on `xeon-m207`, at 0.3 0.97x / 1.01x, never stopping 0.98x /
-    # 0.97x (two interleaved runs, experiments/guard_ab.py --variants confident-..., 2026-12-05): a further draft
-    # call, ~3.4 ms against an ~18 ms step, pays for a proposal that agrees two times in three
-    CONFIDENT = 0.3
 
     def __init__(self, model: Backend, rows: int, target_pool: KVPool | None = None):
         self.model = model
@@ -119,6 +147,7 @@ class PoolDrafts:
         self.pool = SharedPool(target_pool) if self.shared else model.new_pool(rows)
         self.calls: dict = {}  # B -> draft calls of B rows (Engine.stats "draft_batch")
         self.costs = StepCosts()  # seconds of the draft's B-row calls (T = 1), by B
+        self.doubt = Doubt()
 
     def reset(self, r: int) -> None:
         self.pool.n[r] = self.pool.target.n[r] if self.shared else 0
@@ -129,15 +158,18 @@ class PoolDrafts:
         self.pool.copy_row(src, dst)
         self.reset(src)
 
-    def run(self, want: list, unsure: float = 0.0) -> float:
+    def run(self, want: list, bars: dict | None = None) -> float:
         """want: (request, k) pairs (a request: .row, .ids, .pick, .drafter a RowDraft) -> seconds inside the
-        draft model; each request's drafter.props gets its k proposals, or fewer for a k="auto" request: its
-        drafting stops at the first proposal the draft gives a probability below `unsure` (0: never)."""
+        draft model; each request's drafter.props gets its k proposals, or fewer for a k="auto" request whose
+        row has a bar: its drafting stops once the chance that all its proposals are accepted (the product of
+        their Doubt chances) is no more than the bar."""
+        bars = bars or {}
         pool, spent, queue = self.pool, 0.0, {}
         if self.shared:  # every row from the target's committed length; the others' writes land past it too
             pool.sync()
         for s, k in want:
-            s.drafter.props, s.drafter.screened = [], bool(unsure) and s.cfg.adaptive
+            s.drafter.props, s.drafter.cells, s.drafter.screened = [], [], s.cfg.adaptive and s.row in bars
+            s.drafter.chance = 1.0
             todo = s.ids[int(pool.n[s.row]):]  # never empty: the last token is fed with the drafts
             if len(todo) > self.CATCHUP:
                 spent += feed(self.model, pool.row(s.row), todo[:-1])[1]
@@ -161,16 +193,23 @@ class PoolDrafts:
                 t = s.pick.target(out.logits[r, 0], pos) if sp.greedy or sp.sampler == "gumbel" \
                     else int(np.argmax(out.logits[r, 0]))
                 s.drafter.props.append(t)
-                doubt = s.cfg.adaptive and unsure and prob(out.logits[r, 0], t) < unsure
+                doubt = False
+                if s.drafter.screened:
+                    s.drafter.cells.append(self.doubt.cell(out.logits[r, 0], t))
+                    s.drafter.chance *= self.doubt.chance(s.drafter.cells[-1])
+                    doubt = s.drafter.chance <= bars[r]
                 if len(s.drafter.props) < k and not doubt:
                     todo.append(t)
                 else:
                     del queue[r]
         return spent
 
-    def accepted(self, s, a: int) -> None:
-        """Request s (before its emitted tokens are appended) accepted a of its proposals: keep the draft's K/V
-        of its tokens and of the accepted proposals it was fed (all but the last proposal were)."""
+    def accepted(self, s, a: int, verified: int) -> None:
+        """Request s (before its emitted tokens are appended) accepted a of the first `verified` of its
+        proposals: keep the draft's K/V of its tokens and of the accepted proposals it was fed (all but the last
+        proposal were); a screened chain's cells learn what the target accepted."""
         kd = len(s.drafter.props)
+        if s.drafter.screened:
+            self.doubt.record(s.drafter.cells, a, verified)
         if kd and not self.shared:  # a shared pool starts from the target's length at every step
             self.pool.n[s.row] = min(int(self.pool.n[s.row]), len(s.ids) + min(a, kd - 1))
