@@ -10,15 +10,18 @@ whose calibrated chance is below a value (the chance: the agreement of the propo
 margin bin, or both, as runtime/drafters/model.Doubt's cells, here fitted on the same questions); "priced", the
 best continuation at a per-token rate against verifying now; "marginal", the engine's rule (Engine._model_drafts):
 one more proposal while C * rate > R * DC, C the product of the drafted proposals' chances, rate the mean
-agreement, R the policy's own tokens per ms (iterated to a fixed point); and an oracle that drafts exactly what
-will be accepted.
+agreement, R the policy's own tokens per ms (iterated to a fixed point), with the chances fitted or learnt as the
+engine learns them (Doubt from its prior, question by question); and an oracle that drafts exactly what will be
+accepted.
   python experiments/draft_confidence.py BUNDLE [T1=20.7] [DC=4.6] [V3,V5,V9=1.0,1.05,1.08]"""
+import bisect
 import json
 import sys
 
 import numpy as np
 
 import specexport
+from specexport.runtime.drafters import Doubt
 
 bundle = sys.argv[1]
 T1 = float(sys.argv[2]) if len(sys.argv) > 2 else 20.7
@@ -169,4 +172,32 @@ for km in (4, 8):
     for _ in range(4):  # the rate the rule is priced at is its own: a fixed point
         rate = replay(marginal(chances["both"], r, rate, km)) / 1e3
     print(f"marginal (both), k <= {km}: {rate * 1e3:.1f}")
+
+
+def learnt(rate, kmax):
+    """the marginal rule with the chances the engine has: drafters.model.Doubt from its prior, learning from each
+    step's judged proposals as the questions go by (a fresh engine's burst)"""
+    d = Doubt()
+
+    def policy(q, j, left):
+        k, C, cells = 0, 1.0, []
+        while k < min(kmax, left):
+            k += 1
+            cells.append((bisect.bisect(d.P_EDGES, P[q][j + k - 1]), bisect.bisect(d.M_EDGES, G[q][j + k - 1])))
+            C *= d.chance(cells[-1])
+            if C * r <= rate * DC:
+                break
+        acc = 0
+        while acc < k and A[q][j + acc]:
+            acc += 1
+        d.record(cells, acc, k)
+        return k
+    return policy
+
+
+for km in (4, 8):
+    rate = replay(lambda q, j, left: min(4, left)) / 1e3
+    for _ in range(4):
+        rate = replay(learnt(rate, km)) / 1e3
+    print(f"marginal, learnt from the prior, k <= {km}: {rate * 1e3:.1f}")
 print("oracle: " + ", ".join(f"k <= {km} {replay_oracle(km):.1f}" for km in (4, 8)))
