@@ -17,7 +17,8 @@ more rows (below B it never pauses, as at one row).
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
-token). The successor table, the speculation guard and the chains' pooled acceptance start empty for every burst.
+token). The successor table, the speculation guard, the chains' pooled acceptance and the draft's learnt chances
+(drafters.model.Doubt) start empty for every burst.
 Each level's engine first prefills every prompt once, unmeasured (2 new tokens each), so that its prefix cache
 holds the same prompts for every measured burst (since 2026-12-07: before, round 0's first burst, plain's, ran
 without them and the later ones with them).
@@ -31,6 +32,7 @@ import numpy as np
 import specexport
 from specexport.bench.config import find_questions
 from specexport.runtime.costs import Payoff
+from specexport.runtime.drafters import Doubt
 from specexport.runtime.engine import Engine
 
 HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None}  # --plain-from: calls of this many
@@ -65,6 +67,8 @@ def burst(pipe, prompts, n, opts):
     pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
     pipe.engine.payoff = Payoff()  # the speculation guard starts afresh too, whatever the burst before did
     pipe.engine.chains = {}  # and the chain drafters' acceptance that new requests start from
+    if pipe.engine.drafts is not None:  # and the chances one row's drafts learnt (since 2026-12-07)
+        pipe.engine.drafts.doubt = Doubt()
     t = time.perf_counter()
     cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
     toks = [c.wait(600).token_ids for c in cs]
