@@ -969,7 +969,8 @@ def test_doubt_learns_what_the_target_accepted():
     """A Doubt cell's chance follows the verified proposals: accepted ones are hits, the first missed one a miss,
     those after a miss and those not verified are not counted; the cells come from probability and margin."""
     d = Doubt()
-    sure, close = d.cell(np.array([9.0, 0.0, 0.0, 0.0], np.float32), 0), d.cell(np.array([1.0, 1.0, 0.0], np.float32), 0)
+    sure = d.cell(np.array([9.0, 0.0, 0.0, 0.0], np.float32), 0)
+    close = d.cell(np.array([1.0, 1.0, 0.0], np.float32), 0)
     assert sure == (4, 4) and close == (1, 0)  # p ~1 with a wide margin; p ~0.42 level with its runner-up
     start = d.chance(close)
     for _ in range(20):

@@ -6,5 +6,5 @@ from .model import Doubt, ModelDrafter, PoolDrafts, RowDraft, shares_cache, shar
 from .ngram import NgramDrafter
 from .recycle import RecycleDrafter, SuccessorTable
 
-__all__ = ["ChainDrafter", "Doubt", "ModelDrafter", "NgramDrafter", "PoolDrafts", "Proposal", "RecycleDrafter", "RowDraft",
-           "SuccessorTable", "Tree", "TreeDrafter", "shares_cache", "shares_pool"]
+__all__ = ["ChainDrafter", "Doubt", "ModelDrafter", "NgramDrafter", "PoolDrafts", "Proposal", "RecycleDrafter",
+           "RowDraft", "SuccessorTable", "Tree", "TreeDrafter", "shares_cache", "shares_pool"]
