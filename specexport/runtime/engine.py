@@ -704,12 +704,11 @@ class Engine:
         auto_rows = [s for s in want if s.cfg.adaptive]
         auto = self._model_k(auto_rows, B, ride)
         if not auto:  # priced out: as a chain offered and not verified would (CHAIN_PRIOR_PULL), their rates drift
-            for s in want:  # to the drafter's pooled acceptance, so they are tried again, not frozen at k = 0
-                if s.cfg.adaptive:
-                    self._pull_to_prior(s)
+            for s in auto_rows:  # to the drafter's pooled acceptance, so they are tried again, not frozen at k = 0
+                self._pull_to_prior(s)
         bars = {}
         if auto and B <= CONFIDENT_ROWS:  # deeper while the draft is sure: each row stops where it stops paying
-            cap = min([s.cfg.k for s in want if s.cfg.adaptive] + [CONFIDENT_K])
+            cap = min([s.cfg.k for s in auto_rows] + [CONFIDENT_K])
             auto = max([auto] + [k for k in self.target.entry.verify_ks() if k <= cap])
             # one more proposal adds the chance that it and every one before it are accepted, C * rate (rate its
             # own, not yet drafted, at the request's running acceptance); it pays while that many tokens per
