@@ -168,11 +168,15 @@ def test_bench_concurrency_poisson_and_refusals(bundle_noisy, tmp_path, capsys):
     assert records[0]["submit_s"] < records[2]["submit_s"]  # arrivals spread in time
     assert [r["question_id"] for r in records[:3]] == [0, 1, 0]  # 3 requests over the 2 questions, in turn
     # fewer requests than questions: the levels and the solo reference run the same first ones
+    # ... and with --repeats the methods' order rotates each repeat (neither always runs first)
     assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--max-new-tokens", "4", "--concurrency", "1",
-                 "--requests", "1", "--methods", "se-none", "--out", str(tmp_path / "one")]) == 0
+                 "--requests", "1", "--repeats", "3", "--methods", "se-none,se-ngram-k2",
+                 "--out", str(tmp_path / "one")]) == 0
     run = json.loads((tmp_path / "one" / "config.json").read_text())["run"]
     records = [json.loads(x) for x in (tmp_path / "one" / "records.jsonl").read_text().splitlines()]
-    assert run["solo_prompts"] == 1 and [r["question_id"] for r in records] == [0]
+    assert run["solo_prompts"] == 1 and {r["question_id"] for r in records} == {0}
+    assert [(r["repeat"], r["method"]) for r in records] == [(0, "se-none"), (0, "se-ngram-k2"), (1, "se-ngram-k2"),
+                                                             (1, "se-none"), (2, "se-none"), (2, "se-ngram-k2")]
     for argv, msg in [(["--arrival", "poisson"], "--rate"), (["--methods", "hf"], "does not run under --concurrency")]:
         assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--concurrency", "1", "--out",
                      str(tmp_path / "o"), *argv]) == 2

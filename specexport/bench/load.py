@@ -8,6 +8,8 @@ time from the first submit to the last finish), the engine's batch sizes and poo
 Every output is checked against the same request run alone (`Pipeline.generate`, plain decoding), which is
 also the one-request baseline. OpenVINO GenAI's ContinuousBatchingPipeline (`ov-cb[-int4][-default][-pld]`)
 runs the same requests at the same concurrency (at most `level` added to it at a time) as the peer.
+With --repeats N each level runs the methods N times, in an order rotated by one every repeat (plain, auto,
+k4, then auto, k4, plain, ...), so that no method always runs first or always follows the same one.
 """
 from __future__ import annotations
 
@@ -234,7 +236,10 @@ def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]
             order = [j % len(prompts) for j in range(n_req)]
             at = arrival_times(n_req, cfg)
             for rep in range(cfg.repeats):
-                for meth in meths:
+                # the order rotates each repeat: on a shared machine whose speed drifts over minutes, a method
+                # always run first (a fresh engine right after the level's start) or always after the same one
+                # carried that place's luck into every repeat of the comparison
+                for meth in meths[rep % len(meths):] + meths[:rep % len(meths)]:
                     drive = L.engine if meth.startswith("se-") else L.openvino
                     res, extra = drive(meth, [prompts[j] for j in order], at, level)
                     t0 = extra.pop("t0")
