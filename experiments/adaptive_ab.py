@@ -4,7 +4,7 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
-        [--max-t T] [--calls-priced] [--guard-from B] [--draft recycle|model|ngram]
+        [--max-t T] [--calls-priced] [--guard-from B] [--draft recycle|model|ngram] [--profiles K,K,...]
 --draft: the drafter of the adaptive and fixed-k methods (recycle by default; model is the bundle's draft).
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
@@ -12,6 +12,8 @@ the engine's batching alone does to the burst, without speculation where the row
 --calls-priced: a fourth method, the adaptive choice with the speculation guard (costs.Payoff) pricing a
 step by its call alone and only the steps of T > 1 as speculation's, as before 2026-12-04 16:15 (the
 drafting before the call not counted; it still drafts nothing while paused).
+--profiles K,K,...: a fourth method, the adaptive choice among the bundle's verify profiles of those k only (as
+if the bundle had been built with --k K,K,...: the choice of k, one row's deeper drafts and the choice of T).
 --guard-from B: a fourth method, the adaptive choice with the speculation guard acting only on calls of B or
 more rows (below B it never pauses, as at one row).
 
@@ -35,7 +37,7 @@ from specexport.runtime.costs import Payoff
 from specexport.runtime.drafters import Doubt
 from specexport.runtime.engine import Engine
 
-HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None}  # --plain-from: calls of this many
+HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None, "ks": None}  # --plain-from: calls of this many
 # rows or more take T = 1; --max-t; --calls-priced; --guard-from
 _choose_T = Engine._choose_T
 _record = Payoff.record
@@ -89,10 +91,18 @@ def main() -> None:
     p.add_argument("--calls-priced", action="store_true")
     p.add_argument("--guard-from", type=int, default=None)
     p.add_argument("--draft", default="recycle", choices=["recycle", "model", "ngram"])
+    p.add_argument("--profiles", default=None)
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
-    pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if HOLD["max_t"] is None or t <= HOLD["max_t"]] or [1]
+    pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if (HOLD["max_t"] is None or t <= HOLD["max_t"]) and
+                                      (HOLD["ks"] is None or t == 1 or t - 1 in HOLD["ks"])] or [1]
+    built = dict(pipe.target.entry.profiles)  # --profiles: the verify profiles the engine reads are cut to those k
+
+    def profiles(ks):
+        pipe.target.entry.profiles.clear()
+        pipe.target.entry.profiles.update({n: t for n, t in built.items()
+                                           if ks is None or not n.startswith("verify_") or t - 1 in ks})
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     auto = {"draft": a.draft, "k": "auto"}
@@ -105,6 +115,8 @@ def main() -> None:
         methods["adaptive-calls-priced"] = auto
     if a.guard_from:
         methods[f"adaptive-guard{a.guard_from}"] = auto
+    if a.profiles:
+        methods[f"adaptive-k{a.profiles.replace(',', '-')}"] = auto
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
         burst(pipe, prompts, 2, methods["plain"])  # the prefix cache's prompts, as every measured burst finds them
@@ -116,6 +128,8 @@ def main() -> None:
                 HOLD["max_t"] = a.max_t if m.startswith("adaptive-t") else None
                 HOLD["calls"] = m == "adaptive-calls-priced"
                 HOLD["guard_from"] = a.guard_from if m.startswith("adaptive-guard") else None
+                HOLD["ks"] = {int(k) for k in a.profiles.split(",")} if m.startswith("adaptive-k") else None
+                profiles(HOLD["ks"])
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
                 tps[m].append(rate)
                 outs.setdefault(m, toks)
