@@ -4,7 +4,7 @@ engine, with every target and draft `step_batch` call logged (mixed calls that c
     python experiments/call_counts.py BUNDLE LEVEL "all;2,4,8;k4" [ROUNDS]
 
 Variants: "all" (k = "auto" over every verify profile the bundle has), "K,K,..." (k = "auto" over the verify
-profiles of those k only, as if built with --k K,K,...), "k4" (fixed k = 4). The draft is the bundle's model;
+profiles of those k only, as if built with --k K,K,...), "kN" (fixed k = N). The draft is the bundle's model;
 the guard, the chains' acceptance and the learnt chances start afresh each burst. Per burst: tokens/s, wall,
 seconds inside the target's and the draft's calls, and per call shape (t: target, d: draft) count@median ms.
 """
@@ -41,7 +41,7 @@ for p in prompts:  # the prefix cache's prompts, as every measured burst finds t
     pipe.submit(p, max_new_tokens=2).wait(600)
 for r in range(rounds):
     for v in variants:
-        ks = None if v in ("all", "k4") else {int(x) for x in v.split(",")}
+        ks = None if v == "all" or v.startswith("k") else {int(x) for x in v.split(",")}
         KS["ks"] = ks
         pipe.target.entry.profiles.clear()
         pipe.target.entry.profiles.update({n: t for n, t in built.items()
@@ -49,7 +49,7 @@ for r in range(rounds):
         pipe.engine.payoff, pipe.engine.chains, pipe.engine.drafts.doubt = Payoff(), {}, Doubt()
         log.clear()
         t = time.perf_counter()
-        cs = [pipe.submit(p, max_new_tokens=128, draft="model", k=4 if v == "k4" else "auto") for p in prompts]
+        cs = [pipe.submit(p, max_new_tokens=128, draft="model", k=int(v[1:]) if v.startswith("k") else "auto") for p in prompts]
         n = sum(len(c.wait(600).token_ids) for c in cs)
         wall = time.perf_counter() - t
         calls = collections.defaultdict(list)

@@ -9,7 +9,7 @@ bash scripts/setup.sh
 python -m pip install -q -e ".[build,test,bench,bench-openvino]" 2>&1 | grep -v '^WARNING: Location' || true
 specexport fetch-smollm2 --out models/smollm2-135m
 [ -f bundles/smollm2/manifest.json ] ||
-  specexport build --target smollm2-135m --draft self:int8 --k 2,4,8 --batch 1,2,4,8,16 --out bundles/smollm2
+  specexport build --target smollm2-135m --draft self:int8 --batch 1,2,4,8,16 --out bundles/smollm2
 if [ ! -f models/ortgenai-smollm2-fp32/genai_config.json ]; then
   HF_HUB_OFFLINE=1 python -m onnxruntime_genai.models.builder -i models/smollm2-135m -o models/ortgenai-smollm2-fp32 \
     -p fp32 -e cpu --extra_options hf_token=false

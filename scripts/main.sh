@@ -6,7 +6,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 specexport fetch-smollm2 --out models/smollm2-135m
 [ -f bundles/smollm2/manifest.json ] && [ "${REBUILD:-0}" = 0 ] && echo "bundles/smollm2 exists (REBUILD=1 to rebuild)" \
-  || specexport build --target smollm2-135m --draft self:int8 --k 2,4,8 --capacity 2048 --out bundles/smollm2 --force
+  || specexport build --target smollm2-135m --draft self:int8 --capacity 2048 --out bundles/smollm2 --force
 specexport inspect bundles/smollm2
 PROMPT="Summarize in two sentences: The quick brown fox jumps over the lazy dog. The dog, annoyed, chases the fox across the field, but the fox is faster and escapes into the forest."
 for d in none ngram recycle model; do

@@ -34,9 +34,9 @@ def _ks(s: str) -> tuple:
 
 def cmd_build(a) -> int:
     from .bundle import describe
-    from .exporter.build import BuildConfig, DraftSpec, build
+    from .exporter.build import DEFAULT_KS, BuildConfig, DraftSpec, build
 
-    cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k,
+    cfg = BuildConfig(target=a.target, out=Path(a.out), draft=DraftSpec.parse(a.draft), ks=a.k or DEFAULT_KS,
                       capacity=a.capacity, prefill_chunk=a.prefill_chunk, tolerance=a.tolerance, force=a.force,
                       long_prefill=None if a.long_prefill is None else tuple(t for t in a.long_prefill if t),
                       target_quant=a.quantize_target, target_activations=a.target_activations,
@@ -136,7 +136,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--draft", default="none", help="draft model: checkpoint directory / short name / cached hub id, "
                    "or self:layers=N (early exit), self:int4, self:int8 (weight-only quantised target; int8 agrees "
                    "with it far more often and is the better draft on CPUs), or none")
-    b.add_argument("--k", type=_ks, default=(2, 4, 8), help="draft lengths to build verify profiles for (T = k+1)")
+    b.add_argument("--k", type=_ks, default=None, help="draft lengths to build verify profiles for (T = k+1; "
+                   "default 1,2,3,4,8: k = auto picks among them per step, and 8/3/2/1 are the longest verify "
+                   "that 1/2/3/4 requests run for about a decode call's cost)")
     b.add_argument("--batch", type=_ks, default=(1, 2, 4, 8), help="batch sizes B the batching engine may run "
                    "(requests per target call; the largest is parity-checked with rows at different cache lengths). "
                    "With --attention fused a call of B > 1 rows runs one new token per row (plain decoding); "

@@ -61,6 +61,12 @@ def _one_of(value, kind, option: str, what: str = "") -> None:
 
 
 LONG_PREFILL = (128, 256)  # the default long prefill profiles (docs/benchmarks.md "Time to first token")
+# the default verify k: the T = k + 1 with B x T <= 9 rows for B = 1..4 (T = 9, 4, 3, 2), the calls that the
+# MatMul kernel's 9-row register blocks make in one pass over the weights, so a verify of them costs about what a
+# decode call of B rows does, plus k = 4. On `epyc-zen4` (2026-12-07) a (2, 4) call took 21.1 ms against 20.3 for
+# (2, 1) and 25.0 for (2, 5), (4, 2) 23.4 against 22.3 and 28.9 for (4, 3); built with 2,4,8 only, k = "auto"
+# at 4 requests chose between (4, 3) and (4, 5) (docs/benchmarks.md "Verify profiles that fit one pass")
+DEFAULT_KS = (1, 2, 3, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ class BuildConfig:
     target: str
     out: Path
     draft: DraftSpec = DraftSpec("none")
-    ks: tuple[int, ...] = (2, 4, 8)
+    ks: tuple[int, ...] = DEFAULT_KS
     capacity: int = 2048
     prefill_chunk: int = 64
     # T of extra prefill profiles for prompts that prefill alone (a solo generation, an idle engine): fewer,
