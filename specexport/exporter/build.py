@@ -63,9 +63,8 @@ def _one_of(value, kind, option: str, what: str = "") -> None:
 LONG_PREFILL = (128, 256)  # the default long prefill profiles (docs/benchmarks.md "Time to first token")
 # the default verify k: the T = k + 1 with B x T <= 9 rows for B = 1..4 (T = 9, 4, 3, 2), the calls that the
 # MatMul kernel's 9-row register blocks make in one pass over the weights, so a verify of them costs about what a
-# decode call of B rows does, plus k = 4. On `epyc-zen4` (2026-12-07) a (2, 4) call took 21.1 ms against 20.3 for
-# (2, 1) and 25.0 for (2, 5), (4, 2) 23.4 against 22.3 and 28.9 for (4, 3); built with 2,4,8 only, k = "auto"
-# at 4 requests chose between (4, 3) and (4, 5) (docs/benchmarks.md "Verify profiles that fit one pass")
+# decode call of B rows does (a 10th row starts a second pass), plus k = 4 for fixed-k users; the calls' costs and
+# what k = "auto" made with and without them: docs/benchmarks.md "Verify profiles that fit one pass"
 DEFAULT_KS = (1, 2, 3, 4, 8)
 
 
