@@ -3,6 +3,10 @@ streaming) and how much is target calls, per method, interleaved: bursts of Spec
 batching engine at one level, draft "none", recycle with k="auto" and recycle with a fixed k, round by round.
 
     python experiments/host_time.py BUNDLE [--level 4] [--limit 8] [--max-new-tokens 128] [--rounds 3] [--k 4]
+        [--draft recycle|model]
+
+--draft model: the adaptive and fixed-k methods draft with the bundle's draft model; its calls inside
+Engine._decode count as calls (column "calls in decode s"), not as host work.
 
 Per burst: wall; time inside Engine._decode; the target calls made inside it (step_batch, step_mixed: a
 prefill chunk riding in a decode call counts as a call, not as host work); host = the difference, per
@@ -20,6 +24,7 @@ import time
 import specexport
 from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff, StepCosts
+from specexport.runtime.drafters import Doubt
 from specexport.runtime.engine import Engine
 
 INSIDE = {"on": False, "decode_s": 0.0, "calls_s": 0.0, "steps": 0}
@@ -63,14 +68,15 @@ def decode(self, *args, **kw):
 Engine._decode = decode
 
 
-def timed(target, name):
+def timed(target, name, count=True):
     real = getattr(target, name)
 
     def call(*args, **kw):
         out = real(*args, **kw)
         if INSIDE["on"]:
             INSIDE["calls_s"] += (out[0] if name == "step_mixed" else out).run_s
-            BY_B[METHOD[0]][args[1].shape[0]] += 1
+            if count:  # the target's decode calls by B (not the draft's)
+                BY_B[METHOD[0]][args[1].shape[0]] += 1
         return out
     setattr(target, name, call)
 
@@ -83,20 +89,27 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--draft", choices=("recycle", "model"), default="recycle")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2)
     for name in ("step_batch", "step_mixed"):
         timed(pipe.target, name)
+    if a.draft == "model":
+        timed(pipe.draft, "step_batch", count=False)
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
     pipe.start_engine(max_batch=a.level, max_queue=len(prompts))
-    methods = {"plain": {"draft": "none"}, "adaptive": {"draft": "recycle", "k": "auto"},
-               f"k{a.k}": {"draft": "recycle", "k": a.k}}
+    for x in prompts:  # the prefix cache holds every prompt for every measured burst, as in adaptive_ab.py
+        pipe.submit(x, max_new_tokens=2).wait(600)
+    methods = {"plain": {"draft": "none"}, "adaptive": {"draft": a.draft, "k": "auto"},
+               f"k{a.k}": {"draft": a.draft, "k": a.k}}
     rows = {m: [] for m in methods}
     for rnd in range(a.rounds):
         names = list(methods)[rnd % len(methods):] + list(methods)[:rnd % len(methods)]
         for m in names:
             pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
-            pipe.engine.payoff = Payoff()
+            pipe.engine.payoff, pipe.engine.chains = Payoff(), {}
+            if pipe.engine.drafts is not None:
+                pipe.engine.drafts.doubt = Doubt()
             INSIDE.update(decode_s=0.0, calls_s=0.0, steps=0)
             METHOD[0] = m
             t0 = time.perf_counter()

@@ -11,8 +11,8 @@
  * lane c holds k = 8j + i (low nibble) and 8j + 4 + i (high nibble); two masks make the u8 operands of two
  * VPDPBUSD, each 16 columns x 4 k of multiply-adds against 4 broadcast int8 activations. Four such groups make
  * a 64-column panel, so a row has 4 independent accumulator chains (one row alone is not bound by VPDPBUSD's
- * latency); a thread owns a contiguous range of panels and reads each once per block of up to 3 rows (calls of
- * 4 rows or more: each half panel, 2 groups, once per block of up to 6 rows).
+ * latency); a thread owns a contiguous range of panels and reads each once per block of up to 3 rows (4-bit
+ * weights in calls of 4 rows or more: each half panel, 2 groups, once per block of up to 6 rows; see `part`).
  *
  * Numerics (this defines the int4-a8 target when the kernel runs): each row's activations are quantised per
  * block of 32 k on their own (scale max|a| / 127, round to nearest even), the block's products summed exactly
@@ -144,13 +144,17 @@ static const Rows rows2[2][RB2 + 1] = {{NULL, rows1_2_0, rows2_2_0, rows3_2_0, r
                                        {NULL, rows1_2_1, rows2_2_1, rows3_2_1, rows4_2_1, rows5_2_1, rows6_2_1}};
 
 /* Calls of up to 3 rows take whole panels, 3 rows at a time: a row alone has 4 chains of VPDPBUSD. From 4 rows
- * on, half panels, up to 6 rows at a time: each weight byte is unpacked once per 6 rows instead of per 3, and
- * 4 rows run as one block instead of 2 + 2. The rows in blocks as even as they go (9 rows: 5 + 4) */
+ * on, 4-bit weights take half panels, up to 6 rows at a time: each weight byte is unpacked once per 6 rows
+ * instead of per 3, and 4 rows run as one block instead of 2 + 2. 8-bit weights have nothing to unpack and keep
+ * whole panels at every M (8 rows: 3 + 3 + 2, the panel read from memory by the first block, from cache by the
+ * others): their half panels, each pass reading two of every four 64-byte lines of a panel twice the 4-bit one's
+ * size, swept SmolLM2's 121 weights 1.1-1.4x slower at 4-16 rows (experiments/matmul4_variants_ab.c -DBITS=8,
+ * 2026-12-07, `epyc-zen4`). The rows in blocks as even as they go (9 rows: 5 + 4) */
 static void part(void *arg, size_t p) {
   const Call *c = arg;
   const Kernel *k = c->k;
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
-  int half = c->M > RB4, rb = half ? RB2 : RB4, G = half ? 2 : NG;
+  int half = c->M > RB4 && !k->sh, rb = half ? RB2 : RB4, G = half ? 2 : NG;
   const Rows *fn = half ? rows2[k->sh] : rows4[k->sh];
   int64_t nblk = (c->M + rb - 1) / rb;
   for (int64_t q = p0; q < p1; q++)
