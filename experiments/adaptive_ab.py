@@ -4,7 +4,7 @@ k="auto" and recycle with a fixed k alternated burst by burst (the order rotated
 
     python experiments/adaptive_ab.py BUNDLE [--concurrency 2,4,8] [--limit 8] [--max-new-tokens 64]
         [--rounds 4] [--k 4] [--backend onnxruntime|onnxruntime-bf16|onnxruntime-bf16dot] [--plain-from B]
-        [--max-t T] [--calls-priced] [--guard-from B] [--draft recycle|model|ngram] [--profiles K,K,...]
+        [--max-t T] [--calls-priced] [--guard-from B] [--draft recycle|model|ngram] [--profiles K,K,...] [--fresh]
 --draft: the drafter of the adaptive and fixed-k methods (recycle by default; model is the bundle's draft).
 --plain-from B: a fourth method, the adaptive choice with every call of B or more rows held to T = 1 (what
 the engine's batching alone does to the burst, without speculation where the rows are many).
@@ -14,13 +14,16 @@ step by its call alone and only the steps of T > 1 as speculation's, as before 2
 drafting before the call not counted; it still drafts nothing while paused).
 --profiles K,K,...: a fourth method, the adaptive choice among the bundle's verify profiles of those k only (as
 if the bundle had been built with --k K,K,...: the choice of k, one row's deeper drafts and the choice of T).
+--fresh: every burst on a new engine (Pipeline.start_engine), as the bench's load runs do: nothing the engine
+learnt carries over from one burst to the next, and the prefix cache holds only the chat preamble.
 --guard-from B: a fourth method, the adaptive choice with the speculation guard acting only on calls of B or
 more rows (below B it never pauses, as at one row).
 
 Per level: tokens per second of each whole burst, medians over rounds, each method's ratio to the better of
 the other two, and whether every request's tokens are the same under all three (speculation never changes a
 token). The successor table, the speculation guard, the chains' pooled acceptance and the draft's learnt chances
-(drafters.model.Doubt) start empty for every burst.
+(drafters.model.Doubt) start empty for every burst; without --fresh the chains' rate offset (Engine.rate_fit), the
+measured call costs and the last chosen T carry over from one burst to the next.
 Each level's engine first prefills every prompt once, unmeasured (2 new tokens each), so that its prefix cache
 holds the same prompts for every measured burst (since 2026-12-07: before, round 0's first burst, plain's, ran
 without them and the later ones with them).
@@ -92,6 +95,7 @@ def main() -> None:
     p.add_argument("--guard-from", type=int, default=None)
     p.add_argument("--draft", default="recycle", choices=["recycle", "model", "ngram"])
     p.add_argument("--profiles", default=None)
+    p.add_argument("--fresh", action="store_true")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
     batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
@@ -119,7 +123,8 @@ def main() -> None:
         methods[f"adaptive-k{a.profiles.replace(',', '-')}"] = auto
     for level in (int(c) for c in a.concurrency.split(",")):
         pipe.start_engine(max_batch=level, max_queue=len(prompts))
-        burst(pipe, prompts, 2, methods["plain"])  # the prefix cache's prompts, as every measured burst finds them
+        if not a.fresh:
+            burst(pipe, prompts, 2, methods["plain"])  # the prefix cache's prompts, as every measured burst finds them
         tps, outs = {m: [] for m in methods}, {}
         for r in range(a.rounds):
             order = list(methods)[r % len(methods):] + list(methods)[:r % len(methods)]
@@ -130,6 +135,8 @@ def main() -> None:
                 HOLD["guard_from"] = a.guard_from if m.startswith("adaptive-guard") else None
                 HOLD["ks"] = {int(k) for k in a.profiles.split(",")} if m.startswith("adaptive-k") else None
                 profiles(HOLD["ks"])
+                if a.fresh:
+                    pipe.start_engine(max_batch=level, max_queue=len(prompts))
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])
                 tps[m].append(rate)
                 outs.setdefault(m, toks)
