@@ -132,16 +132,15 @@ typedef struct {
 ROWS_BOTH(1, 4)
 ROWS_BOTH(2, 4)
 ROWS_BOTH(3, 4)
-ROWS_BOTH(1, 2)
-ROWS_BOTH(2, 2)
-ROWS_BOTH(3, 2)
-ROWS_BOTH(4, 2)
-ROWS_BOTH(5, 2)
-ROWS_BOTH(6, 2)
+ROWS(1, 2, 0) /* half panels: 4-bit weights only (`part`) */
+ROWS(2, 2, 0)
+ROWS(3, 2, 0)
+ROWS(4, 2, 0)
+ROWS(5, 2, 0)
+ROWS(6, 2, 0)
 typedef void (*Rows)(const Kernel *, const Call *, int64_t, int64_t, int);
 static const Rows rows4[2][RB4 + 1] = {{NULL, rows1_4_0, rows2_4_0, rows3_4_0}, {NULL, rows1_4_1, rows2_4_1, rows3_4_1}};
-static const Rows rows2[2][RB2 + 1] = {{NULL, rows1_2_0, rows2_2_0, rows3_2_0, rows4_2_0, rows5_2_0, rows6_2_0},
-                                       {NULL, rows1_2_1, rows2_2_1, rows3_2_1, rows4_2_1, rows5_2_1, rows6_2_1}};
+static const Rows rows2[RB2 + 1] = {NULL, rows1_2_0, rows2_2_0, rows3_2_0, rows4_2_0, rows5_2_0, rows6_2_0};
 
 /* Calls of up to 3 rows take whole panels, 3 rows at a time: a row alone has 4 chains of VPDPBUSD. From 4 rows
  * on, 4-bit weights take half panels, up to 6 rows at a time: each weight byte is unpacked once per 6 rows
@@ -155,7 +154,7 @@ static void part(void *arg, size_t p) {
   const Kernel *k = c->k;
   int64_t p0 = k->np * (int64_t)p / c->nparts, p1 = k->np * ((int64_t)p + 1) / c->nparts;
   int half = c->M > RB4 && !k->sh, rb = half ? RB2 : RB4, G = half ? 2 : NG;
-  const Rows *fn = half ? rows2[k->sh] : rows4[k->sh];
+  const Rows *fn = half ? rows2 : rows4[k->sh];
   int64_t nblk = (c->M + rb - 1) / rb;
   for (int64_t q = p0; q < p1; q++)
     for (int g0 = 0; g0 < NG; g0 += G)
