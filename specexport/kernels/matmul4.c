@@ -145,7 +145,7 @@ static const Rows rows2[RB2 + 1] = {NULL, rows1_2_0, rows2_2_0, rows3_2_0, rows4
 /* Calls of up to 3 rows take whole panels, 3 rows at a time: a row alone has 4 chains of VPDPBUSD. From 4 rows
  * on, 4-bit weights take half panels, up to 6 rows at a time: each weight byte is unpacked once per 6 rows
  * instead of per 3, and 4 rows run as one block instead of 2 + 2. 8-bit weights have nothing to unpack and keep
- * whole panels at every M (8 rows: 3 + 3 + 2, the panel read from memory by the first block, from cache by the
+ * whole panels at every M (8 rows: 2 + 3 + 3, the panel read from memory by the first block, from cache by the
  * others): their half panels, each pass reading two of every four 64-byte lines of a panel twice the 4-bit one's
  * size, swept SmolLM2's 121 weights 1.1-1.4x slower at 4-16 rows (experiments/matmul4_variants_ab.c -DBITS=8,
  * 2026-12-07, `epyc-zen4`). The rows in blocks as even as they go (9 rows: 5 + 4) */
