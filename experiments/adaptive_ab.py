@@ -35,12 +35,12 @@ import time
 import numpy as np
 
 import specexport
+from burst_state import afresh, verify_ks  # experiments/
 from specexport.bench.config import find_questions
 from specexport.runtime.costs import Payoff
-from specexport.runtime.drafters import Doubt
 from specexport.runtime.engine import Engine
 
-HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None, "ks": None}  # --plain-from: calls of this many
+HOLD = {"from": None, "max_t": None, "calls": False, "guard_from": None}  # --plain-from: calls of this many
 # rows or more take T = 1; --max-t; --calls-priced; --guard-from
 _choose_T = Engine._choose_T
 _record = Payoff.record
@@ -69,11 +69,7 @@ Engine._choose_T = choose_T
 
 
 def burst(pipe, prompts, n, opts):
-    pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
-    pipe.engine.payoff = Payoff()  # the speculation guard starts afresh too, whatever the burst before did
-    pipe.engine.chains = {}  # and the chain drafters' acceptance that new requests start from
-    if pipe.engine.drafts is not None:  # and the chances one row's drafts learnt (since 2026-12-07)
-        pipe.engine.drafts.doubt = Doubt()
+    afresh(pipe)
     t = time.perf_counter()
     cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
     toks = [c.wait(600).token_ids for c in cs]
@@ -98,15 +94,9 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true")
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2, backend=a.backend)
+    profiles = verify_ks(pipe)  # --profiles: the verify profiles the engine sees are cut to those k
     batch_ts = pipe.target.batch_ts  # --max-t: the profiles the choice may take
-    pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if (HOLD["max_t"] is None or t <= HOLD["max_t"]) and
-                                      (HOLD["ks"] is None or t == 1 or t - 1 in HOLD["ks"])] or [1]
-    built = dict(pipe.target.entry.profiles)  # --profiles: the verify profiles the engine reads are cut to those k
-
-    def profiles(ks):
-        pipe.target.entry.profiles.clear()
-        pipe.target.entry.profiles.update({n: t for n, t in built.items()
-                                           if ks is None or not n.startswith("verify_") or t - 1 in ks})
+    pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if HOLD["max_t"] is None or t <= HOLD["max_t"]] or [1]
     qs = [json.loads(line) for line in open(find_questions(None))][:a.limit * 10:10]
     prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     auto = {"draft": a.draft, "k": "auto"}
@@ -133,8 +123,7 @@ def main() -> None:
                 HOLD["max_t"] = a.max_t if m.startswith("adaptive-t") else None
                 HOLD["calls"] = m == "adaptive-calls-priced"
                 HOLD["guard_from"] = a.guard_from if m.startswith("adaptive-guard") else None
-                HOLD["ks"] = {int(k) for k in a.profiles.split(",")} if m.startswith("adaptive-k") else None
-                profiles(HOLD["ks"])
+                profiles({int(k) for k in a.profiles.split(",")} if m.startswith("adaptive-k") else None)
                 if a.fresh:
                     pipe.start_engine(max_batch=level, max_queue=len(prompts))
                 rate, toks = burst(pipe, prompts, a.max_new_tokens, methods[m])

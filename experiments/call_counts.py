@@ -16,17 +16,13 @@ import time
 import numpy as np
 
 import specexport
+from burst_state import afresh, verify_ks  # experiments/
 from specexport.bench.config import find_questions
-from specexport.runtime.costs import Payoff
-from specexport.runtime.drafters import Doubt
 
 bundle, level, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(";")
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 pipe = specexport.load(bundle, threads=2)
-built = dict(pipe.target.entry.profiles)
-batch_ts = pipe.target.batch_ts
-KS = {"ks": None}
-pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if KS["ks"] is None or t == 1 or t - 1 in KS["ks"]]
+profiles = verify_ks(pipe)
 log = []
 for m in (pipe.target, pipe.draft):
     def logged(*a, _call=m.step_batch, _who="t" if m is pipe.target else "d", **k):
@@ -41,12 +37,8 @@ for p in prompts:  # the prefix cache's prompts, as every measured burst finds t
     pipe.submit(p, max_new_tokens=2).wait(600)
 for r in range(rounds):
     for v in variants:
-        ks = None if v == "all" or v.startswith("k") else {int(x) for x in v.split(",")}
-        KS["ks"] = ks
-        pipe.target.entry.profiles.clear()
-        pipe.target.entry.profiles.update({n: t for n, t in built.items()
-                                           if ks is None or not n.startswith("verify_") or t - 1 in ks})
-        pipe.engine.payoff, pipe.engine.chains, pipe.engine.drafts.doubt = Payoff(), {}, Doubt()
+        profiles(None if v == "all" or v.startswith("k") else {int(x) for x in v.split(",")})
+        afresh(pipe)
         log.clear()
         t = time.perf_counter()
         cs = [pipe.submit(p, max_new_tokens=128, draft="model", k=int(v[1:]) if v.startswith("k") else "auto") for p in prompts]

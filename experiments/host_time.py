@@ -22,9 +22,9 @@ import statistics
 import time
 
 import specexport
+from burst_state import afresh  # experiments/
 from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff, StepCosts
-from specexport.runtime.drafters import Doubt
 from specexport.runtime.engine import Engine
 
 INSIDE = {"on": False, "decode_s": 0.0, "calls_s": 0.0, "steps": 0}
@@ -106,10 +106,7 @@ def main() -> None:
     for rnd in range(a.rounds):
         names = list(methods)[rnd % len(methods):] + list(methods)[:rnd % len(methods)]
         for m in names:
-            pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
-            pipe.engine.payoff, pipe.engine.chains = Payoff(), {}
-            if pipe.engine.drafts is not None:
-                pipe.engine.drafts.doubt = Doubt()
+            afresh(pipe)
             INSIDE.update(decode_s=0.0, calls_s=0.0, steps=0)
             METHOD[0] = m
             t0 = time.perf_counter()

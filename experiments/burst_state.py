@@ -1,0 +1,29 @@
+"""(a helper, not a probe) What the experiments that run bursts on one engine share: `afresh`, the engine's learnt
+state reset before a burst, and `verify_ks`, the bundle's verify profiles cut to some k as if built with only them.
+"""
+from specexport.runtime.costs import Payoff
+from specexport.runtime.drafters import Doubt
+
+
+def afresh(pipe) -> None:
+    """Before a burst: an empty successor table, the speculation guard anew, no pooled chain acceptance that new
+    requests start from, and no chances one row's drafts learnt (drafters.model.Doubt). The chains' rate offset
+    (Engine.rate_fit), the measured call costs and the last chosen T are kept."""
+    pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
+    pipe.engine.payoff, pipe.engine.chains = Payoff(), {}
+    if pipe.engine.drafts is not None:
+        pipe.engine.drafts.doubt = Doubt()
+
+
+def verify_ks(pipe):
+    """-> use(ks): from then on the engine sees only the verify profiles of draft lengths in ks (None: all the
+    bundle built), both in the profiles it prices (entry.profiles) and in the T a call of B rows may take."""
+    built, batch_ts, cut = dict(pipe.target.entry.profiles), pipe.target.batch_ts, [None]
+    pipe.target.batch_ts = lambda B: [t for t in batch_ts(B) if cut[0] is None or t == 1 or t - 1 in cut[0]]
+
+    def use(ks) -> None:
+        cut[0] = ks
+        pipe.target.entry.profiles.clear()
+        pipe.target.entry.profiles.update({n: t for n, t in built.items()
+                                           if ks is None or not n.startswith("verify_") or t - 1 in ks})
+    return use
