@@ -7,7 +7,8 @@ first text piece) and time per output token after it; per run: aggregate tokens/
 time from the first submit to the last finish), the engine's batch sizes and pool bytes, the process RSS.
 Every output is checked against the same request run alone (`Pipeline.generate`, plain decoding), which is
 also the one-request baseline. OpenVINO GenAI's ContinuousBatchingPipeline (`ov-cb[-int4][-default][-pld]`)
-runs the same requests at the same concurrency (at most `level` added to it at a time) as the peer.
+runs the same requests at the same concurrency (at most `level` added to it at a time) as the peer, each run
+in a child process of its own (`Load.openvino`).
 With --repeats N each level runs the methods N times, in an order rotated by one every repeat (plain, auto,
 k4, then auto, k4, plain, ...), so that no method always runs first or always follows the same one.
 """
@@ -109,78 +110,31 @@ class Load:
                      "prefill_batch": st.get("prefill_batch"), "prefill_budget": st.get("prefill_budget"),
                      "prefix_cache": st.get("prefix_cache")}
 
-    # ---- OpenVINO GenAI: its continuous batching pipeline
+    # ---- OpenVINO GenAI: its continuous batching pipeline, in a child process
     def openvino(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
-        import openvino as ov
-        import openvino_genai as og
-
-        from ..backends.ov import same_sigaltstack
+        """One run of OpenVINO GenAI's ContinuousBatchingPipeline, in a child process of its own (`ov_run`), so
+        that the peer and the engine share nothing but the machine: the RSS recorded for it is its own (in this
+        process it was ours, the bundle's sessions included), and nothing its CPU plugin leaves in a process
+        (threads, allocator state) can touch the methods that run after it.
+        Three ad-hoc probes here saw onnxruntime's calls 1.14-1.20x slower for as long as measured after an
+        in-process compile, two recorded ones (experiments/ov_after_probe.py, 2026-12-07, `epyc-zen4`) saw no
+        change beyond the machine's own 1.3x swings. The child's clock is this one's (time.perf_counter is
+        CLOCK_MONOTONIC); the run's compile and warm-up are not timed, as before."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
         spec = ov_spec(meth, self.cfg)
-        sc = og.SchedulerConfig()
-        sc.max_num_seqs, sc.cache_size, sc.dynamic_split_fuse = level, OV_CACHE_GB, True
-        sc.enable_prefix_caching = self.cfg.prefix_cache_mb > 0  # as ours: like for like
-        props = {**spec["props"], **({"prompt_lookup": True} if spec["pld"] else {})}
-        with same_sigaltstack():  # OpenVINO's compile leaves a signal stack it may unmap (backends/ov.py)
-            p = og.ContinuousBatchingPipeline(spec["model"], sc, "CPU", props)
-        self.ov_info[meth] = {"model": str(spec["model"]), "properties": spec["props"],
-                              "prompt_lookup": OV_PLD if spec["pld"] else None,
-                              "device_defaults": ov_device_defaults(), "kv_cache_gb": OV_CACHE_GB,
-                              "prefix_caching": sc.enable_prefix_caching}
-
-        def gc(n):
-            g = og.GenerationConfig()
-            g.max_new_tokens = n
-            g.eos_token_id = min(self.eos)
-            g.stop_token_ids = set(self.eos)
-            if spec["pld"]:
-                g.num_assistant_tokens, g.max_ngram_size = OV_PLD["num_assistant_tokens"], OV_PLD["max_ngram_size"]
-            if self.cfg.temperature:
-                g.do_sample, g.temperature, g.top_p = True, self.cfg.temperature, self.cfg.top_p
-                g.rng_seed = self.cfg.seed
-            return g
-
-        def tensor(ids):
-            return ov.Tensor(np.array([ids], dtype=np.int64))
-
-        h = p.add_request(10 ** 6, tensor(prompts[0][:16]), gc(2))  # warm-up
-        while p.has_non_finished_requests():
-            p.step()
-        h.read_all()
-        # its scheduler runs every added request at once (max_num_seqs does not cap that under dynamic
-        # split-fuse), so the level is kept here: a request that has arrived waits until fewer than `level` run,
-        # as one that our engine queues does; its time to first token counts the wait
-        handles, sub, first, end = {}, {}, {}, {}
-        i, n, waiting = 0, len(prompts), []
-        t0 = time.perf_counter()
-        while i < n or waiting or len(end) < len(handles):
-            now = time.perf_counter()
-            while i < n and t0 + at[i] <= now:
-                waiting.append(i)
-                sub[i], i = now, i + 1
-            while waiting and len(handles) - len(end) < level:
-                j = waiting.pop(0)
-                handles[j] = p.add_request(j, tensor(prompts[j]), gc(self.cfg.max_new_tokens))
-            if p.has_non_finished_requests():
-                p.step()
-            elif i < n:
-                time.sleep(max(0.0, min(t0 + at[i] - time.perf_counter(), 0.005)))
-            t = time.perf_counter()
-            for j, hj in handles.items():
-                if j in end:
-                    continue
-                if j not in first and hj.can_read():
-                    first[j] = t
-                if hj.get_status() != og.GenerationStatus.RUNNING or not p.has_non_finished_requests():
-                    end[j] = t
-                    first.setdefault(j, t)
-        out = []
-        for j in range(n):
-            res = handles[j].read_all()
-            toks = self.strip(res[0].generated_ids) if res else []
-            out.append({"submit": sub[j], "first": first[j], "end": end[j], "tokens": toks,
-                        "finish_reason": str(handles[j].get_status()).rpartition(".")[2].lower()})
-        return out, {"t0": t0, "max_batch": level}
+        job = {"model": str(spec["model"]), "props": spec["props"], "pld": spec["pld"], "level": level,
+               "prefix_caching": self.cfg.prefix_cache_mb > 0, "prompts": prompts, "at": at,
+               "max_new_tokens": self.cfg.max_new_tokens, "eos": sorted(self.eos),
+               "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "seed": self.cfg.seed}
+        # spawn: no copy of this process's threads; a child that dies raises here (BrokenProcessPool), never hangs
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+            out, extra, info = ex.submit(ov_run, job).result()
+        self.ov_info[meth] = info
+        for r in out:
+            r["tokens"] = self.strip(r["tokens"])
+        return out, extra
 
     def solo(self, prompts: list, tag: str = "") -> list[tuple[list[int], float]]:
         """Each prompt alone through Pipeline.generate, plain decoding on the bundle tagged `tag`: the
@@ -202,6 +156,82 @@ class Load:
 def tps(runs: list) -> float:
     """Tokens per second over (tokens, seconds) runs."""
     return sum(len(t) for t, _ in runs) / sum(sec for _, sec in runs)
+
+
+
+def ov_run(job: dict) -> tuple[list[dict], dict, dict]:
+    """(in a child process, `Load.openvino`) The requests of `job` through OpenVINO GenAI's
+    ContinuousBatchingPipeline at most job["level"] at a time, arriving at job["at"] -> (per request: submit,
+    first and end times and the generated ids; {"t0", "max_batch", "rss_mb"}; what it ran, for the records)."""
+    import openvino as ov
+    import openvino_genai as og
+
+    from ..backends.ov import same_sigaltstack
+
+    sc = og.SchedulerConfig()
+    sc.max_num_seqs, sc.cache_size, sc.dynamic_split_fuse = job["level"], OV_CACHE_GB, True
+    sc.enable_prefix_caching = job["prefix_caching"]  # as ours: like for like
+    props = {**job["props"], **({"prompt_lookup": True} if job["pld"] else {})}
+    with same_sigaltstack():  # OpenVINO's compile leaves a signal stack it may unmap (backends/ov.py)
+        p = og.ContinuousBatchingPipeline(job["model"], sc, "CPU", props)
+    info = {"model": job["model"], "properties": job["props"], "prompt_lookup": OV_PLD if job["pld"] else None,
+            "device_defaults": ov_device_defaults(), "kv_cache_gb": OV_CACHE_GB,
+            "prefix_caching": sc.enable_prefix_caching, "process": "a child process of the bench's own"}
+
+    def gc(n):
+        g = og.GenerationConfig()
+        g.max_new_tokens = n
+        g.eos_token_id = min(job["eos"])
+        g.stop_token_ids = set(job["eos"])
+        if job["pld"]:
+            g.num_assistant_tokens, g.max_ngram_size = OV_PLD["num_assistant_tokens"], OV_PLD["max_ngram_size"]
+        if job["temperature"]:
+            g.do_sample, g.temperature, g.top_p = True, job["temperature"], job["top_p"]
+            g.rng_seed = job["seed"]
+        return g
+
+    def tensor(ids):
+        return ov.Tensor(np.array([ids], dtype=np.int64))
+
+    prompts, at, level = job["prompts"], job["at"], job["level"]
+    h = p.add_request(10 ** 6, tensor(prompts[0][:16]), gc(2))  # warm-up
+    while p.has_non_finished_requests():
+        p.step()
+    h.read_all()
+    # its scheduler runs every added request at once (max_num_seqs does not cap that under dynamic
+    # split-fuse), so the level is kept here: a request that has arrived waits until fewer than `level` run,
+    # as one that our engine queues does; its time to first token counts the wait
+    handles, sub, first, end = {}, {}, {}, {}
+    i, n, waiting = 0, len(prompts), []
+    t0 = time.perf_counter()
+    while i < n or waiting or len(end) < len(handles):
+        now = time.perf_counter()
+        while i < n and t0 + at[i] <= now:
+            waiting.append(i)
+            sub[i], i = now, i + 1
+        while waiting and len(handles) - len(end) < level:
+            j = waiting.pop(0)
+            handles[j] = p.add_request(j, tensor(prompts[j]), gc(job["max_new_tokens"]))
+        if p.has_non_finished_requests():
+            p.step()
+        elif i < n:
+            time.sleep(max(0.0, min(t0 + at[i] - time.perf_counter(), 0.005)))
+        t = time.perf_counter()
+        for j, hj in handles.items():
+            if j in end:
+                continue
+            if j not in first and hj.can_read():
+                first[j] = t
+            if hj.get_status() != og.GenerationStatus.RUNNING or not p.has_non_finished_requests():
+                end[j] = t
+                first.setdefault(j, t)
+    out = []
+    for j in range(n):
+        res = handles[j].read_all()
+        out.append({"submit": sub[j], "first": first[j], "end": end[j],
+                    "tokens": [int(t) for t in res[0].generated_ids] if res else [],
+                    "finish_reason": str(handles[j].get_status()).rpartition(".")[2].lower()})
+    return out, {"t0": t0, "max_batch": level, "rss_mb": rss_mb()}, info
 
 
 def run_load(cfg: BenchConfig, log=print) -> tuple[list[dict], list[dict], dict]:

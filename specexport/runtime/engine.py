@@ -387,7 +387,7 @@ class Engine:
                     self._collect_burst()
             try:
                 self.step()
-            except BaseException as e:  # noqa: BLE001 -- a failed call ends its requests, never the loop
+            except BaseException as e:  # noqa: BLE001 -- a failed shared call ends every admitted request, not the loop
                 for s in list(self._active):
                     self._retire(s, "error", e)
 
