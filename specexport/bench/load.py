@@ -116,7 +116,7 @@ class Load:
         that the peer and the engine share nothing but the machine: the RSS recorded for it is its own (in this
         process it was ours, the bundle's sessions included), and nothing its CPU plugin leaves in a process
         (threads, allocator state) can touch the methods that run after it.
-        Three ad-hoc probes here saw onnxruntime's calls 1.14-1.20x slower for as long as measured after an
+        Three ad-hoc probes here saw onnxruntime's calls 1.09-1.19x slower for as long as measured after an
         in-process compile, two recorded ones (experiments/ov_after_probe.py, 2026-12-07, `epyc-zen4`) saw no
         change beyond the machine's own 1.3x swings. The child's clock is this one's (time.perf_counter is
         CLOCK_MONOTONIC); the run's compile and warm-up are not timed, as before."""
