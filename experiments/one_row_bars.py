@@ -4,6 +4,10 @@ Engine._model_drafts) against fixed k = 4, fixed k = 8 and k="auto" with every r
 Spec-Bench prompts one at a time through one engine, the methods rotated each round.
 
     python experiments/one_row_bars.py BUNDLE [--limit 16] [--max-new-tokens 128] [--rounds 8] [--scales 0.5]
+        [--prompts round-robin|bench]
+
+--prompts: --limit questions taken round-robin over Spec-Bench's categories (the default), or the first --limit
+of 4 per category in file order, as `specexport bench --requests N` takes them (its first 16 are 4 categories').
 
 Per round and method: tokens per second of the whole burst and how many chains of each length the draft made;
 then medians over rounds and each method's ratio to fixed k = 8, round by round; last, the learnt chances of
@@ -47,9 +51,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--scales", default="0.5", help="comma-separated factors for k='auto' bars besides 1")
+    p.add_argument("--prompts", default="round-robin", choices=["round-robin", "bench"])
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2)
-    prompts = [pipe.encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
+    qs = questions(find_questions(None), 4)[:a.limit] if a.prompts == "bench" else \
+        questions(find_questions(None), 4, a.limit)
+    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     pipe.start_engine(max_batch=1, max_queue=len(prompts))
     for x in prompts:
         pipe.submit(x, max_new_tokens=2).wait(600)
