@@ -158,7 +158,6 @@ def tps(runs: list) -> float:
     return sum(len(t) for t, _ in runs) / sum(sec for _, sec in runs)
 
 
-
 def ov_run(job: dict) -> tuple[list[dict], dict, dict]:
     """(in a child process, `Load.openvino`) The requests of `job` through OpenVINO GenAI's
     ContinuousBatchingPipeline at most job["level"] at a time, arriving at job["at"] -> (per request: submit,
