@@ -4,7 +4,8 @@ For each concurrency level and method, Spec-Bench prompts go to the batching eng
 most `level` decoding together) as a burst or as Poisson arrivals (`--arrival poisson --rate R`), each
 request consumed by its own thread as a client would. Measured per request: time to first token (submit ->
 first text piece) and time per output token after it; per run: aggregate tokens/s (all new tokens / wall
-time from the first submit to the last finish), the engine's batch sizes and pool bytes, the process RSS.
+time from the first submit to the last finish), the engine's batch sizes and pool bytes, the RSS of the process
+that ran it.
 Every output is checked against the same request run alone (`Pipeline.generate`, plain decoding), which is
 also the one-request baseline. OpenVINO GenAI's ContinuousBatchingPipeline (`ov-cb[-int4][-default][-pld]`)
 runs the same requests at the same concurrency (at most `level` added to it at a time) as the peer, each run
@@ -114,7 +115,7 @@ class Load:
     def openvino(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
         """One run of OpenVINO GenAI's ContinuousBatchingPipeline, in a child process of its own (`ov_run`), so
         that the peer and the engine share nothing but the machine: the RSS recorded for it is its own (in this
-        process it was ours, the bundle's sessions included), and nothing its CPU plugin leaves in a process
+        process it was ours, the bundle's loaded graphs included), and nothing its CPU plugin leaves in a process
         (threads, allocator state) can touch the methods that run after it.
         Three ad-hoc probes here saw onnxruntime's calls 1.09-1.19x slower for as long as measured after an
         in-process compile, two recorded ones (experiments/ov_after_probe.py, 2026-12-07, `epyc-zen4`) saw no
