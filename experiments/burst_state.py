@@ -7,12 +7,14 @@ from specexport.runtime.drafters import Doubt
 
 def afresh(pipe) -> None:
     """Before a burst: an empty successor table, the speculation guard anew, no pooled chain acceptance that new
-    requests start from, and no chances one row's drafts learnt (drafters.model.Doubt). The chains' rate offset
+    requests start from, no chances one row's drafts learnt (drafters.model.Doubt), and the draft's successor
+    table and guess hit rate as a new engine has them (PoolDrafts). The chains' rate offset
     (Engine.rate_fit), the measured call costs and the last chosen T are kept."""
     pipe.successors = type(pipe.successors)(pipe.successors.succ.shape[0])
     pipe.engine.payoff, pipe.engine.chains = Payoff(), {}
     if pipe.engine.drafts is not None:
         pipe.engine.drafts.doubt = Doubt()
+        pipe.engine.drafts.forget(pipe.fresh_table())  # the draft's own successors, for its calls' guesses
 
 
 def verify_ks(pipe):

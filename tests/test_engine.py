@@ -965,6 +965,53 @@ def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path):
         pipe.close(10)
 
 
+@pytest.mark.parametrize("attention", ["fused", "portable"])
+def test_draft_calls_fed_guesses_propose_as_one_token_calls(ckpts, tmp_path, monkeypatch, attention):
+    """A draft call may feed a proposing row guesses of its next proposals (PoolDrafts._guesses): every proposal is
+    still the one a one-token call makes, so each step's proposals and every request's tokens are the same with
+    guesses and without, at one row and at two; right guesses save calls (an oracle that knows the proposals: fewer
+    calls than proposals), wrong ones none; prompt lookup and the draft's own successors save some here. Every call
+    shape is priced alike, so the choice of how many to feed (`_stage`) feeds all a row has."""
+    pipe = specexport.load(build_bundle(tmp_path / "b", ckpts["target"], "self:int4", attention=attention,
+                                        batch_sizes=(1, 2)))
+    want = [solo(pipe, p, max_new_tokens=24) for p in PROMPTS[:4]]
+    oracle = {}  # a proposal's context (the request's tokens and the proposals before it) -> the proposal
+
+    def burst(rows, stage, guess=None):
+        eng = pipe.start_engine(max_batch=rows, max_queue=8)
+        eng.drafts.stage = stage
+        if guess is not None:
+            monkeypatch.setattr(eng.drafts, "_guess", guess)
+        monkeypatch.setattr(eng.drafts.costs, "cost", lambda B, T: 1.0)  # every call shape priced alike
+        props, run, calls = [], eng.drafts.run, []
+
+        def spy(pairs, *a):
+            before = sum(eng.drafts.calls.values())
+            spent = run(pairs, *a)
+            calls.append(sum(eng.drafts.calls.values()) - before)
+            for s, _ in pairs:
+                props.append(list(s.drafter.props))
+                oracle.update({tuple(s.ids + s.drafter.props[:i]): t for i, t in enumerate(s.drafter.props)})
+            return spent
+
+        eng.drafts.run = spy
+        cs = [pipe.submit(p, max_new_tokens=24, draft="model", k=4) for p in PROMPTS[:4]]
+        assert [c.wait(60).token_ids for c in cs] == want
+        pipe.close(10)
+        return props, sum(calls), sum(map(len, props))
+
+    for rows in (1, 2):
+        one = burst(rows, False)
+        assert one[2] > 0 and (one[1] == one[2] if rows == 1 else one[1] < one[2])  # one proposal a row a call
+        right = burst(rows, True, lambda seq: (oracle[tuple(seq)], ("lookup", 3), 0.99) if tuple(seq) in oracle
+                      else None)
+        wrong = burst(rows, True, lambda seq: ((oracle[tuple(seq)] + 1) % pipe.target.vocab, ("table", 1), 0.99)
+                      if tuple(seq) in oracle else None)
+        real = burst(rows, True)
+        assert right[0] == wrong[0] == real[0] == one[0]  # the same proposals, step by step
+        assert right[1] * 5 < one[1] * 3 and wrong[1] == one[1] and real[1] < one[1], (right, wrong, real, one)
+
+
 def test_doubt_learns_what_the_target_accepted():
     """A Doubt cell's chance follows the verified proposals: accepted ones are hits, the first missed one a miss,
     those after a miss and those not verified are not counted; the cells come from probability and margin."""

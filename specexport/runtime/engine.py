@@ -210,7 +210,7 @@ class Engine:
     (runtime/costs); with a fixed k, the smallest profile that holds every row's k+1 nodes."""
 
     def __init__(self, target, make_sequence, max_batch: int = 4, max_queue: int = 64,
-                 prefill_budget: int | None = None, draft=None, prefix_cache: int = 0):
+                 prefill_budget: int | None = None, draft=None, prefix_cache: int = 0, successors=None):
         if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
             raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not (isinstance(max_queue, int) and not isinstance(max_queue, bool) and max_queue >= 0):
@@ -241,7 +241,8 @@ class Engine:
         # the bundle's draft model (a backend with step_batch), for requests with draft="model": its own pool,
         # or the target's for a self-draft with the target's KV layout
         self.drafts = None if draft is None else PoolDrafts(draft, self.pool.rows,
-                                                            self.pool if shares_pool(target, draft) else None)
+                                                            self.pool if shares_pool(target, draft) else None,
+                                                            successors)
         self.costs = StepCosts()
         # a mixed graph (fused targets): its single-sequence groups carry a prefill chunk beside the decode rows,
         # or let up to groups + 1 requests verify their own drafts in one call; pair_costs prices those calls by
@@ -349,13 +350,14 @@ class Engine:
         alone = {ALONE_CHUNK} if tgt.any_t and ALONE_CHUNK <= row.buckets[-1] else set()  # prefill with nobody waiting
         for T in sorted({t for name, t in tgt.entry.profiles.items() if name.startswith("prefill")} | alone):
             tgt.step(row, [0] * T, 0, rows=[T - 1])  # single-row chunks (`feed_chunk`)
-        if self.drafts is not None:  # the draft's B-row calls (T = 1) and its catch-up chunks
+        if self.drafts is not None:  # the draft's B-row calls (T = 1, and with guesses) and its catch-up chunks
             d, dpool = self.drafts.model, self.drafts.pool
-            at = _warm_length(dpool, 1)
+            at = _warm_length(dpool, self.drafts.STAGE_MAX + 1)
             dpool.n[:] = at
             for B in self.batch_sizes:
-                self.drafts.costs.update(B, 1, _warm_cost(lambda: d.step_batch(
-                    dpool, np.zeros((B, 1), dtype=np.int64), np.full((B, 1), at, dtype=np.int64))))
+                for T in self.drafts.call_ts(B):
+                    self.drafts.costs.update(B, T, _warm_cost(lambda: d.step_batch(
+                        dpool, np.zeros((B, T), dtype=np.int64), np.broadcast_to(at + np.arange(T), (B, T)).copy())))
             dpool.n[:] = 0
             for T in sorted(set(d.entry.profiles.values())):
                 d.step(dpool.row(0), [0] * T, 0, rows=[T - 1])
@@ -717,7 +719,7 @@ class Engine:
             # 2026-12-07 `epyc-zen4`): a step's 5.3 ms int8 draft call against its ~0.13 tokens/ms draws the
             # line at C ~0.75, the int4's 3.9 ms at ~0.55 with its lower rate; a cut at one chance for both
             # (0.8) made 136.6 / 101.9 tokens/s against this rule's 136.6 / 103.4
-            dc = self.drafts.costs.cost(B, 1)
+            dc = self.drafts.token_cost(B)
             bars = {s.row: self.spec_rate * dc / max(r, 1e-3) for s, r in zip(auto_rows, self._chain_rates(auto_rows))}
         pairs = [(s, min(auto if s.cfg.adaptive else s.cfg.k, s.cfg.max_new_tokens - s.emitted - 1)) for s in want]
         pairs = [(s, k) for s, k in pairs if k > 0]
@@ -751,7 +753,7 @@ class Engine:
             return 0
         ts = sorted(t for name, t in self.target.entry.profiles.items()
                     if name.startswith("verify_") and t - 1 <= min(s.cfg.k for s in auto))
-        dc = self.drafts.costs.cost(B, 1)
+        dc = self.drafts.token_cost(B)
         step = {T: self.costs.cost(B, T) + (T - 1) * dc for T in ts}  # seconds of the (B, T) call and its drafts
         plain = len(auto) / self.costs.cost(B, 1)
         # where not even every drafted token accepted would beat plain steps (the (B, T) calls and the draft's

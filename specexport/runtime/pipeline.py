@@ -193,7 +193,7 @@ class Pipeline:
         draft = self.draft if hasattr(self.draft, "step_batch") else None
         self._engine = Engine(self.target, self._sequence, max_batch=max_batch or self.target.batch_sizes[-1],
                               max_queue=max_queue, prefill_budget=prefill_budget, draft=draft,
-                              prefix_cache=int(mb * 2 ** 20))
+                              prefix_cache=int(mb * 2 ** 20), successors=self.fresh_table() if draft else None)
         if warm:
             self._engine.warm()
         if self._engine.prefixes is not None and self.manifest.tokenizer.get("chat_template"):

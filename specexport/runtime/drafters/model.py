@@ -18,6 +18,8 @@ from ..kv import KVPool, RingKV, SharedKV, SharedPool
 from ..prefill import feed
 from ..sampling import logsumexp
 from .base import Choose, Proposal
+from .ngram import NgramDrafter
+from .recycle import SuccessorTable
 
 
 def shares_pool(target: Backend, draft: Backend) -> bool:
@@ -143,14 +145,33 @@ class PoolDrafts:
     engine reached 1.28x plain decoding at one request against 1.52-1.62x solo, where it shares the cache."""
 
     CATCHUP = 2  # tokens a row may be behind and still catch up in the shared calls
+    STAGE_ROWS = 4  # guesses only in draft calls of at most this many rows
+    STAGE_MAX = 3  # at most this many guesses a row
+    # a guess's kind -> its chance of being the draft's next proposal before any is counted, worth GUESS_PRIOR tries:
+    # as measured with SmolLM2's int8 self-draft, 16 Spec-Bench prompts at one request (2026-12-07, `epyc-zen4`)
+    GUESS_CHANCES = {("lookup", 1): 0.23, ("lookup", 2): 0.5, ("lookup", 3): 0.78,
+                     ("table", 1): 0.18, ("table", 2): 0.27, ("table", 3): 0.47}
+    GUESS_PRIOR = 4
 
-    def __init__(self, model: Backend, rows: int, target_pool: KVPool | None = None):
+    def __init__(self, model: Backend, rows: int, target_pool: KVPool | None = None, table=None):
         self.model = model
         self.shared = target_pool is not None
         self.pool = SharedPool(target_pool) if self.shared else model.new_pool(rows)
         self.calls: dict = {}  # B -> draft calls of B rows (Engine.stats "draft_batch")
-        self.costs = StepCosts()  # seconds of the draft's B-row calls (T = 1), by B
+        self.costs = StepCosts()  # seconds of the draft's calls, by (B, T)
         self.doubt = Doubt()
+        # the guesses fed after a row's latest token: prompt lookup, else the draft's own successors (its top ids
+        # after the latest 1-3 tokens, learnt from its calls, starting from the bundle's seeded table if any)
+        self.stage = True
+        self.ratio: dict = {}  # B -> `token_cost`'s share of a (B, 1) call (a moving average, weight 0.1)
+        self.lookup = NgramDrafter(3)
+        self.forget(table if table is not None else SuccessorTable(model.vocab))
+
+    def forget(self, table) -> None:
+        """Guess from `table` (the draft's successors) and the kinds' prior chances, as a new engine does."""
+        self.table = table
+        self.hits = {k: p * self.GUESS_PRIOR for k, p in self.GUESS_CHANCES.items()}  # kind -> guesses it hit
+        self.tries = dict.fromkeys(self.GUESS_CHANCES, float(self.GUESS_PRIOR))  # and it made
 
     def reset(self, r: int) -> None:
         self.pool.n[r] = self.pool.target.n[r] if self.shared else 0
@@ -165,7 +186,9 @@ class PoolDrafts:
         """want: (request, k) pairs (a request: .row, .ids, .pick, .drafter a RowDraft) -> seconds inside the
         draft model; each request's drafter.props gets its k proposals, or fewer for a k="auto" request whose
         row has a bar: its drafting stops once the chance that all its proposals are accepted (the product of
-        their Doubt chances) is no more than the bar."""
+        their Doubt chances) is no more than the bar. A call may feed a proposing row guesses of its next
+        proposals after its latest (`_guesses`, `_stage`): the draft's proposals stay what one-token calls make,
+        and each guess it agrees with saves the call that would have fed that proposal."""
         bars = bars or {}
         pool, spent, queue = self.pool, 0.0, {}
         if self.shared:  # every row from the target's committed length; the others' writes land past it too
@@ -178,34 +201,136 @@ class PoolDrafts:
                 spent += feed(self.model, pool.row(s.row), todo[:-1])[1]
                 todo = todo[-1:]
             queue[s.row] = (s, list(todo), k)
+        B0, calls_s = self.model.batch_for(max(queue) + 1) if queue else 0, 0.0
         while queue:
             B = self.model.batch_for(max(queue) + 1)
-            ids = np.zeros((B, 1), dtype=np.int64)
-            for r, (_, todo, _) in queue.items():
-                ids[r, 0] = todo[0]
-            out = self.model.step_batch(pool, ids, pool.n[:B].astype(np.int64)[:, None].copy())  # pad rows at their own n
+            cand = self._guesses(queue, B)
+            m = self._stage(queue, cand, B)
+            fed = {r: [todo[0]] + [x[0] for x in cand.get(r, [])[:m]] for r, (_, todo, _) in queue.items()}
+            T = max(map(len, fed.values()))
+            ids = np.zeros((B, T), dtype=np.int64)
+            for r, f in fed.items():
+                ids[r, :len(f)] = f
+            # pad rows at their own n; every row's T slots past its n are free (the drafts' or never committed)
+            out = self.model.step_batch(pool, ids, pool.n[:B].astype(np.int64)[:, None] + np.arange(T)[None])
             spent += out.run_s
+            calls_s += out.run_s
             self.calls[B] = self.calls.get(B, 0) + 1
-            self.costs.update(B, 1, out.run_s)
+            self.costs.update(B, T, out.run_s)
+            seen = []  # (context, the draft's top ids after it): what `_guesses` reads next time
             for r, (s, todo, k) in list(queue.items()):
-                pool.commit(r, out.new_kv, r, [0])
-                todo.pop(0)
-                if todo:
-                    continue
-                sp, pos = s.pick.sp, len(s.ids) + len(s.drafter.props)
-                t = s.pick.target(out.logits[r, 0], pos) if sp.greedy or sp.sampler == "gumbel" \
-                    else int(np.argmax(out.logits[r, 0]))
-                s.drafter.props.append(t)
-                doubt = False
-                if s.drafter.screened:
-                    s.drafter.cells.append(self.doubt.cell(out.logits[r, 0], t))
-                    s.drafter.chance *= self.doubt.chance(s.drafter.cells[-1])
-                    doubt = s.drafter.chance <= bars[r]
-                if len(s.drafter.props) < k and not doubt:
-                    todo.append(t)
-                else:
+                used, done = self._take(s, todo, k, fed[r][1:], cand.get(r, []), out, r, bars, seen)
+                pool.commit(r, out.new_kv, r, list(range(used)))
+                if done:
                     del queue[r]
+            if seen and out.top is not None and out.top.shape[-1] >= self.table.width:
+                self.table.observe([c for c, _ in seen], None, np.array([t for _, t in seen]))
+        most = max((len(s.drafter.props) for s, _ in want), default=0)
+        if most and B0 <= self.STAGE_ROWS:  # the calls' seconds per proposal of the longest chain, to one call's
+            r = calls_s / most / self.costs.cost(B0, 1)
+            self.ratio[B0] = r if B0 not in self.ratio else 0.9 * self.ratio[B0] + 0.1 * r
         return spent
+
+    def token_cost(self, B: int) -> float:
+        """Seconds of drafting a proposal for each of B rows: a (B, 1) call, times what the guesses saved of such
+        calls at B lately (the calls' seconds per proposal of a step's longest chain, to a (B, 1) call's)."""
+        return self.costs.cost(B, 1) * min(self.ratio.get(B, 1.0), 1.0)
+
+    def _take(self, s, todo, k, fed, cand, out, r, bars, seen) -> tuple[int, bool]:
+        """Row r of a draft call for request s, fed todo[0] then the guesses `fed`: its proposals, one per
+        logits row while each proposal equals the guess fed after it -> (rows whose K/V to keep, done). cand:
+        the guesses made for it (fed or not); their first and every fed one count towards their kind's `chance`."""
+        d, c = s.drafter, 0
+        while True:
+            todo.pop(0)
+            c += 1
+            if todo:  # still catching up: no proposal from this row yet
+                return c, False
+            sp, pos = s.pick.sp, len(s.ids) + len(d.props)
+            logits = out.logits[r, c - 1]
+            t = s.pick.target(logits, pos) if sp.greedy or sp.sampler == "gumbel" else int(np.argmax(logits))
+            if out.top is not None:
+                seen.append((tuple((s.ids[-3:] + d.props)[-3:]), out.top[r, c - 1]))
+            if c - 1 < max(len(fed), min(len(cand), 1)):  # the guess for this position: its kind learns
+                _, kind, _ = cand[c - 1]
+                self.tries[kind] += 1
+                self.hits[kind] += cand[c - 1][0] == t
+            d.props.append(t)
+            doubt = False
+            if d.screened:
+                d.cells.append(self.doubt.cell(logits, t))
+                d.chance *= self.doubt.chance(d.cells[-1])
+                doubt = d.chance <= bars[r]
+            todo.append(t)
+            if len(d.props) >= k or doubt:
+                return c, True
+            if c > len(fed) or fed[c - 1] != t:  # t was not fed after this row: the next call feeds it
+                return c, False
+
+    def _guesses(self, queue: dict, B: int) -> dict:
+        """row -> up to STAGE_MAX (token, kind, chance) guesses of the draft's next proposals after a proposing
+        row's latest token, each from the kind with the best hit rate so far (`_guess`); none for calls over more
+        than STAGE_ROWS rows."""
+        if B > self.STAGE_ROWS or not self.stage:
+            return {}
+        out = {}
+        for r, (s, todo, k) in queue.items():
+            if len(todo) != 1 or k - len(s.drafter.props) < 2:
+                continue
+            seq, g = s.ids + s.drafter.props, []
+            for _ in range(min(self.STAGE_MAX, k - len(s.drafter.props) - 1)):
+                x = self._guess(seq)
+                if x is None:
+                    break
+                g.append(x)
+                seq = seq + [x[0]]
+            if g:
+                out[r] = g
+        return out
+
+    def _guess(self, seq: list):
+        """(token, kind, chance) that follows seq: the continuation of its latest longest earlier match of 1-3
+        tokens (prompt lookup, kind ("lookup", n)), or the draft's own most likely successor of its last 1-3
+        tokens (`table`, kind ("table", order)), whichever kind has hit more often; None if neither has one."""
+        best = None
+        n, e = self.lookup.match(seq)
+        if n:
+            best = (int(seq[e + 1]), ("lookup", n))
+        c = self.table.candidates(tuple(seq[-3:]), 1)
+        if c:
+            kind = ("table", c[0][0] // self.table.width + 1)
+            if best is None or self.chance(kind) > self.chance(best[1]):
+                best = (c[0][1], kind)
+        return None if best is None else (best[0], best[1], self.chance(best[1]))
+
+    def chance(self, kind) -> float:
+        return self.hits[kind] / self.tries[kind]
+
+    def call_ts(self, B: int) -> list[int]:
+        """The T of the draft's calls over B rows: 1, and with 1..STAGE_MAX guesses where B <= STAGE_ROWS (those the
+        model runs: any T on specexport's kernels, else its profiles')."""
+        more = range(2, self.STAGE_MAX + 2) if self.stage and B <= self.STAGE_ROWS else ()
+        return [1] + [T for T in more if self.model.any_t or T in self.model.batch_ts(B)]
+
+    def _stage(self, queue: dict, cand: dict, B: int) -> int:
+        """How many guesses this call feeds each row: the m that maximises the proposals it is expected to
+        make, each row's 1 + c1 + c1 c2 + ... (c: its guesses' chances; m at most its guesses and the proposals
+        it still needs - 1), per second of the (B, m + 1) call (measured; priced as in StepCosts before)."""
+        if not cand:
+            return 0
+        room = self.pool.buckets[-1] - int(self.pool.n[:B].max())
+        lens = {r: k - len(s.drafter.props) - 1 for r, (s, _, k) in queue.items()}
+        cums = {r: np.cumprod([x[2] for x in g]) for r, g in cand.items()}
+        best, top = 0, 0.0
+        for T in self.call_ts(B):
+            m = T - 1
+            if T > room:
+                break
+            e = len(queue) + sum(float(c[:min(m, lens[r])].sum()) for r, c in cums.items())
+            v = e / self.costs.cost(B, m + 1)
+            if v > top:
+                best, top = m, v
+        return best
 
     def accepted(self, s, a: int, verified: int) -> None:
         """Request s (before its emitted tokens are appended) accepted a of the first `verified` of its
