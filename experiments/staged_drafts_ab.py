@@ -5,11 +5,12 @@ score a row alike in a call of any T), so every request's tokens must be too; wh
 make them.
 
     python experiments/staged_drafts_ab.py BUNDLE [--concurrency 1] [--limit 16] [--max-new-tokens 128]
-        [--rounds 6] [--methods auto:staged,auto:one]
+        [--rounds 6] [--methods auto:staged,auto:one] [--prompts round-robin|bench]
 
 A method is k:variant, k "auto" or a draft length; variants: "staged" (the engine as it is), "one" (one token a
 call: PoolDrafts.stage off), "unpriced" (staged, but k="auto" prices a drafted token at a whole (B, 1) draft call,
-as before PoolDrafts.token_cost). Ratios are to the second method.
+as before PoolDrafts.token_cost). Ratios are to the second method. --prompts as in one_row_bars.py: --limit
+questions round-robin over Spec-Bench's categories, or the bench's first --limit (4 per category, in file order).
 
 Per round and variant: tokens per second of the whole burst, the draft's calls and proposals, its seconds, the
 guesses' hit rate; then medians over rounds and the staged variant's ratio to one token a call, round by round.
@@ -49,9 +50,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--methods", default="auto:staged,auto:one", help="comma-separated k:variant")
+    p.add_argument("--prompts", default="round-robin", choices=["round-robin", "bench"])
     a = p.parse_args()
     pipe = specexport.load(a.bundle, threads=2)
-    prompts = [pipe.encode(q["turns"][0], chat=True) for q in questions(find_questions(None), 4, a.limit)]
+    qs = questions(find_questions(None), 4)[:a.limit] if a.prompts == "bench" else \
+        questions(find_questions(None), 4, a.limit)
+    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
     pipe.start_engine(max_batch=a.concurrency, max_queue=len(prompts))
     for x in prompts:
         pipe.submit(x, max_new_tokens=2).wait(600)

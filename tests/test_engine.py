@@ -942,6 +942,7 @@ def test_auto_draft_stops_where_the_draft_is_unsure(ckpts, tmp_path):
     kmax = max(pipe.target.entry.verify_ks())
     for forced, check in ((1.0, lambda m: m == 1), (-1.0, lambda m: m == kmax), (None, None)):
         eng = pipe.start_engine(max_batch=1, max_queue=8)
+        eng.drafts.stage = forced is None  # guesses fed: a row past its bar takes what its call scored (below)
         lens, run, judged, seen = [], eng.drafts.run, [], []
         tries = eng.drafts.doubt.tries.sum()
 
@@ -1010,6 +1011,26 @@ def test_draft_calls_fed_guesses_propose_as_one_token_calls(ckpts, tmp_path, mon
         real = burst(rows, True)
         assert right[0] == wrong[0] == real[0] == one[0]  # the same proposals, step by step
         assert right[1] * 5 < one[1] * 3 and wrong[1] == one[1] and real[1] < one[1], (right, wrong, real, one)
+    # k="auto" at one row with every bar at 1 (past it after the first proposal): one call a step, and where the
+    # call scored the next proposals (right guesses) the chain takes them, as no draft call pays for them
+    eng = pipe.start_engine(max_batch=1, max_queue=8)
+    monkeypatch.setattr(eng.drafts, "_guess", lambda seq: (oracle[tuple(seq)], ("lookup", 3), 0.99)
+                        if tuple(seq) in oracle else None)
+    monkeypatch.setattr(eng.drafts.costs, "cost", lambda B, T: 1.0)
+    run, lens, calls = eng.drafts.run, [], []
+
+    def one_bar(pairs, bars):
+        before = sum(eng.drafts.calls.values())
+        spent = run(pairs, {r: 1.0 for r in bars})
+        calls.append(sum(eng.drafts.calls.values()) - before)
+        lens.extend(len(s.drafter.props) for s, _ in pairs)
+        return spent
+
+    eng.drafts.run = one_bar
+    cs = [pipe.submit(p, max_new_tokens=24, draft="model", k="auto") for p in PROMPTS[:4]]
+    assert [c.wait(60).token_ids for c in cs] == want
+    assert set(calls) == {1} and max(lens) > 1, (calls, lens)
+    pipe.close(10)
 
 
 def test_doubt_learns_what_the_target_accepted():

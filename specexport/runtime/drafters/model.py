@@ -186,7 +186,8 @@ class PoolDrafts:
         """want: (request, k) pairs (a request: .row, .ids, .pick, .drafter a RowDraft) -> seconds inside the
         draft model; each request's drafter.props gets its k proposals, or fewer for a k="auto" request whose
         row has a bar: its drafting stops once the chance that all its proposals are accepted (the product of
-        their Doubt chances) is no more than the bar. A call may feed a proposing row guesses of its next
+        their Doubt chances) is no more than the bar (at the first proposal after it that its call did not score
+        already: see `_take`). A call may feed a proposing row guesses of its next
         proposals after its latest (`_guesses`, `_stage`): the draft's proposals stay what one-token calls make,
         and each guess it agrees with saves the call that would have fed that proposal."""
         bars = bars or {}
@@ -240,7 +241,7 @@ class PoolDrafts:
         """Row r of a draft call for request s, fed todo[0] then the guesses `fed`: its proposals, one per
         logits row while each proposal equals the guess fed after it -> (rows whose K/V to keep, done). cand:
         the guesses made for it (fed or not); their first and every fed one count towards their kind's `chance`."""
-        d, c = s.drafter, 0
+        d, c, doubted = s.drafter, 0, False
         while True:
             todo.pop(0)
             c += 1
@@ -256,16 +257,17 @@ class PoolDrafts:
                 self.tries[kind] += 1
                 self.hits[kind] += cand[c - 1][0] == t
             d.props.append(t)
-            doubt = False
             if d.screened:
                 d.cells.append(self.doubt.cell(logits, t))
                 d.chance *= self.doubt.chance(d.cells[-1])
-                doubt = d.chance <= bars[r]
+                doubted = doubted or d.chance <= bars[r]
             todo.append(t)
-            if len(d.props) >= k or doubt:
+            if len(d.props) >= k:
                 return c, True
-            if c > len(fed) or fed[c - 1] != t:  # t was not fed after this row: the next call feeds it
-                return c, False
+            # t was fed after this row (its guess): the call scored the next proposal too, so a row past its bar
+            # takes it as well, as no draft call pays for it; else the next call feeds t, unless past the bar
+            if c > len(fed) or fed[c - 1] != t:
+                return c, doubted
 
     def _guesses(self, queue: dict, B: int) -> dict:
         """row -> up to STAGE_MAX (token, kind, chance) guesses of the draft's next proposals after a proposing
