@@ -1,8 +1,25 @@
-"""(a helper, not a probe) What the experiments that run bursts on one engine share: `afresh`, the engine's learnt
-state reset before a burst, and `verify_ks`, the bundle's verify profiles cut to some k as if built with only them.
+"""(a helper, not a probe) What the experiments that run bursts on one engine share: `loaded`, a bundle and its
+prompts ready, `afresh`, the engine's learnt state reset before a burst, and `verify_ks`, the bundle's verify
+profiles cut to some k as if built with only them.
 """
+import specexport
+from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff
 from specexport.runtime.drafters import Doubt
+
+
+def loaded(bundle: str, limit: int, order: str, max_batch: int):
+    """-> (pipe, prompts): the bundle on 2 threads, its engine started with `max_batch` rows, `limit` Spec-Bench
+    questions as chat prompts (order "round-robin" over the categories, or "bench": the first `limit` of 4 per
+    category in file order, as `specexport bench --requests N` takes them), each prefilled once so that the
+    prefix cache holds it before the first burst."""
+    pipe = specexport.load(bundle, threads=2)
+    qs = questions(find_questions(None), 4)[:limit] if order == "bench" else questions(find_questions(None), 4, limit)
+    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
+    pipe.start_engine(max_batch=max_batch, max_queue=len(prompts))
+    for x in prompts:
+        pipe.submit(x, max_new_tokens=2).wait(600)
+    return pipe, prompts
 
 
 def afresh(pipe) -> None:

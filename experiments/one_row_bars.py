@@ -22,9 +22,7 @@ import time
 
 import numpy as np
 
-import specexport
-from burst_state import afresh  # experiments/
-from specexport.bench.config import find_questions, questions
+from burst_state import afresh, loaded  # experiments/
 from specexport.runtime.drafters.model import PoolDrafts
 
 SCALE = [1.0]
@@ -53,13 +51,7 @@ def main() -> None:
     p.add_argument("--scales", default="0.5", help="comma-separated factors for k='auto' bars besides 1")
     p.add_argument("--prompts", default="round-robin", choices=["round-robin", "bench"])
     a = p.parse_args()
-    pipe = specexport.load(a.bundle, threads=2)
-    qs = questions(find_questions(None), 4)[:a.limit] if a.prompts == "bench" else \
-        questions(find_questions(None), 4, a.limit)
-    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
-    pipe.start_engine(max_batch=1, max_queue=len(prompts))
-    for x in prompts:
-        pipe.submit(x, max_new_tokens=2).wait(600)
+    pipe, prompts = loaded(a.bundle, a.limit, a.prompts, 1)
     methods = {"k4": (4, 1.0), "k8": (8, 1.0), "auto": ("auto", 1.0)}
     methods.update({f"auto-x{f}": ("auto", float(f)) for f in a.scales.split(",") if f})
     rates, tokens = collections.defaultdict(list), {}

@@ -21,9 +21,7 @@ import collections
 import statistics
 import time
 
-import specexport
-from burst_state import afresh  # experiments/
-from specexport.bench.config import find_questions, questions
+from burst_state import afresh, loaded  # experiments/
 from specexport.runtime.drafters.model import PoolDrafts
 
 STATS = collections.Counter()  # this burst's draft calls, proposals and seconds
@@ -52,13 +50,7 @@ def main() -> None:
     p.add_argument("--methods", default="auto:staged,auto:one", help="comma-separated k:variant")
     p.add_argument("--prompts", default="round-robin", choices=["round-robin", "bench"])
     a = p.parse_args()
-    pipe = specexport.load(a.bundle, threads=2)
-    qs = questions(find_questions(None), 4)[:a.limit] if a.prompts == "bench" else \
-        questions(find_questions(None), 4, a.limit)
-    prompts = [pipe.encode(q["turns"][0], chat=True) for q in qs]
-    pipe.start_engine(max_batch=a.concurrency, max_queue=len(prompts))
-    for x in prompts:
-        pipe.submit(x, max_new_tokens=2).wait(600)
+    pipe, prompts = loaded(a.bundle, a.limit, a.prompts, a.concurrency)
     methods = {f"k{m}": (k if k == "auto" else int(k), v) for m in a.methods.split(",") for k, v in [m.split(":")]}
     token_cost, drafts = PoolDrafts.token_cost, pipe.engine.drafts
     rates, tokens = collections.defaultdict(list), {}
@@ -81,7 +73,8 @@ def main() -> None:
             n = sum(d.tries.values()) - d.GUESS_PRIOR * len(d.tries)
             hit = (sum(d.hits.values()) - sum(d.GUESS_CHANCES.values()) * d.GUESS_PRIOR) / max(n, 1)
             print(f"round {rnd + 1} {m:12s} {rate:6.1f} tokens/s  draft calls {STATS['calls']} proposals "
-                  f"{STATS['props']} ({STATS['props'] / max(STATS['calls'], 1):.2f} a call) draft {STATS['draft_s']:.2f} s "
+                  f"{STATS['props']} ({STATS['props'] / max(STATS['calls'], 1):.2f} a call) "
+                  f"draft {STATS['draft_s']:.2f} s "
                   f"guesses hit {hit:.3f} of {n:.0f}, token cost {drafts.token_cost(1) * 1e3:.2f} ms", flush=True)
     print(f"\n{a.concurrency} request(s) at once, {len(prompts)} prompts, {a.max_new_tokens} new tokens; "
           f"medians of {a.rounds} rounds")
