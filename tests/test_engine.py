@@ -978,6 +978,9 @@ def test_draft_calls_fed_guesses_propose_as_one_token_calls(ckpts, tmp_path, mon
     want = [solo(pipe, p, max_new_tokens=24) for p in PROMPTS[:4]]
     oracle = {}  # a proposal's context (the request's tokens and the proposals before it) -> the proposal
 
+    def knows(seq):  # a guesser that is always right where the context was seen
+        return (oracle[tuple(seq)], ("lookup", 3), 0.99) if tuple(seq) in oracle else None
+
     def burst(rows, stage, guess=None):
         eng = pipe.start_engine(max_batch=rows, max_queue=8)
         eng.drafts.stage = stage
@@ -1004,8 +1007,7 @@ def test_draft_calls_fed_guesses_propose_as_one_token_calls(ckpts, tmp_path, mon
     for rows in (1, 2):
         one = burst(rows, False)
         assert one[2] > 0 and (one[1] == one[2] if rows == 1 else one[1] < one[2])  # one proposal a row a call
-        right = burst(rows, True, lambda seq: (oracle[tuple(seq)], ("lookup", 3), 0.99) if tuple(seq) in oracle
-                      else None)
+        right = burst(rows, True, knows)
         wrong = burst(rows, True, lambda seq: ((oracle[tuple(seq)] + 1) % pipe.target.vocab, ("table", 1), 0.99)
                       if tuple(seq) in oracle else None)
         real = burst(rows, True)
@@ -1014,8 +1016,7 @@ def test_draft_calls_fed_guesses_propose_as_one_token_calls(ckpts, tmp_path, mon
     # k="auto" at one row with every bar at 1 (past it after the first proposal): one call a step, and where the
     # call scored the next proposals (right guesses) the chain takes them, as no draft call pays for them
     eng = pipe.start_engine(max_batch=1, max_queue=8)
-    monkeypatch.setattr(eng.drafts, "_guess", lambda seq: (oracle[tuple(seq)], ("lookup", 3), 0.99)
-                        if tuple(seq) in oracle else None)
+    monkeypatch.setattr(eng.drafts, "_guess", knows)
     monkeypatch.setattr(eng.drafts.costs, "cost", lambda B, T: 1.0)
     run, lens, calls = eng.drafts.run, [], []
 

@@ -252,10 +252,10 @@ class PoolDrafts:
             t = s.pick.target(logits, pos) if sp.greedy or sp.sampler == "gumbel" else int(np.argmax(logits))
             if out.top is not None:
                 seen.append((tuple((s.ids[-3:] + d.props)[-3:]), out.top[r, c - 1]))
-            if c - 1 < max(len(fed), min(len(cand), 1)):  # the guess for this position: its kind learns
-                _, kind, _ = cand[c - 1]
+            if c - 1 < len(fed) or (c == 1 and cand):  # a guess for this position (fed, or the first): its kind learns
+                guess, kind, _ = cand[c - 1]
                 self.tries[kind] += 1
-                self.hits[kind] += cand[c - 1][0] == t
+                self.hits[kind] += guess == t
             d.props.append(t)
             if d.screened:
                 d.cells.append(self.doubt.cell(logits, t))
@@ -279,13 +279,13 @@ class PoolDrafts:
         for r, (s, todo, k) in queue.items():
             if len(todo) != 1 or k - len(s.drafter.props) < 2:
                 continue
-            seq, g = s.ids + s.drafter.props, []
+            seq, g = s.ids + s.drafter.props, []  # a new list: the guesses are appended to it
             for _ in range(min(self.STAGE_MAX, k - len(s.drafter.props) - 1)):
                 x = self._guess(seq)
                 if x is None:
                     break
                 g.append(x)
-                seq = seq + [x[0]]
+                seq.append(x[0])
             if g:
                 out[r] = g
         return out
