@@ -109,7 +109,7 @@ class Load:
         return out, {"t0": t0, "max_batch": min(level, biggest), "batch": st.get("batch"),
                      "pool_bytes": st.get("pool_peak_bytes"), "steps": st.get("steps"),
                      "prefill_batch": st.get("prefill_batch"), "prefill_budget": st.get("prefill_budget"),
-                     "prefix_cache": st.get("prefix_cache")}
+                     "draft_batch": st.get("draft_batch"), "prefix_cache": st.get("prefix_cache")}
 
     # ---- OpenVINO GenAI: its continuous batching pipeline, in a child process
     def openvino(self, meth: str, prompts: list, at: list[float], level: int) -> tuple[list[dict], dict]:
