@@ -10,8 +10,9 @@ transformers' eager greedy generate, computed here.
 
 `run` checks, for every backend it can run there, that greedy output equals that reference with every draft
 (none, model, ngram, recycle), that the batching engine on the torch backend gives each request its solo
-tokens (every prompt at once: B > 1 calls, CUDA-graph captured per (B, T) on CUDA), and times one step of a SmolLM2-shaped and a Llama-7B-shaped model with random
-weights (speed does not depend on the values) eagerly and replayed from CUDA graphs, float32 and bfloat16.
+tokens (every prompt at once: B > 1 calls, CUDA-graph captured per (B, T) on CUDA; the draft model batched
+across rows on the device too, at k = 4 and k = "auto"), and times one step of a SmolLM2-shaped and a
+Llama-7B-shaped model with random weights (speed does not depend on the values) eagerly and replayed from CUDA graphs, float32 and bfloat16.
 It prints a markdown report and writes it to $OUT/gpu_check.md (or --out). Without CUDA it runs the CPU rows
 only (a dry run of the script itself).
 """
@@ -135,7 +136,7 @@ def check_backends(pack: Path, cuda: bool) -> list[str]:
         try:
             t, d = make()
         except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others' rows
-            rows.append(f"| {name} | - | - | - | - | {failed(e)} |")
+            rows.append(f"| {name} | - | - | - | - | {failed(e)} | |")
             print(rows[-1], flush=True)
             continue
         te = t.entry
@@ -175,30 +176,35 @@ def check_batched(pack: Path, cuda: bool) -> list[str]:
 
     m = bundle.read(pack / "bundle")
     cases = json.loads((pack / "reference.json").read_text())
-    sd = torch.load(pack / "target.pt")
+    sds = {r: torch.load(pack / f"{r}.pt") for r in ("target", "draft")}
     variants = {"torch CPU eager": ("cpu", False)}
     if cuda:
         variants |= {"torch CUDA eager fp32": ("cuda", False), "torch CUDA graphs fp32": ("cuda", True)}
-    rows = ["| backend | draft | requests | max batch | tokens/s | identical to solo |", "|---|---|---|---|---|---|"]
+    rows = ["| backend | draft | k | requests | max batch | tokens/s | draft calls | identical to solo |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, (device, graphs) in variants.items():
         try:
-            pipe = specexport.load(pack / "bundle", verify=False)  # tokenizer and config; the target replaced:
-            pipe.target = TorchBackend(pack / "bundle", m.target, m.buckets, device=device, cuda_graphs=graphs,
-                                       state_dict=sd, batch_sizes=m.batch_sizes)  # the checkpoint is not here
+            pipe = specexport.load(pack / "bundle", verify=False)  # tokenizer and config; both models replaced
+            pipe.target, pipe.draft = [  # by the torch backend on the device (the checkpoints are not here)
+                TorchBackend(pack / "bundle", e, m.buckets, device=device, cuda_graphs=graphs,
+                             state_dict=sds[e.role], batch_sizes=m.batch_sizes) for e in (m.target, m.draft)]
             solo = [pipe.generate(c["ids"], max_new_tokens=NEW, draft="none").token_ids for c in cases]
             B = min(len(cases), m.batch_sizes[-1])
-            for draft in ("none", "ngram", "recycle"):
+            # model: the draft batched across rows in its own device pool; k="auto": the choice of k per step
+            # from the (B, T) call costs measured on this device (the GPU's prices, not the CPU's)
+            for draft, k in (("none", 4), ("ngram", 4), ("recycle", 4), ("model", 4), ("model", "auto")):
                 pipe.start_engine(max_batch=B)  # warms every (B, T) shape: CUDA-graph captures happen here
                 t0 = time.perf_counter()
                 outs = [c.wait(600).token_ids for c in
-                        [pipe.submit(c["ids"], max_new_tokens=NEW, draft=draft) for c in cases]]
+                        [pipe.submit(c["ids"], max_new_tokens=NEW, draft=draft, k=k) for c in cases]]
                 secs = time.perf_counter() - t0
                 same = sum(o == w for o, w in zip(outs, solo))
-                rows.append(f"| {name} | {draft} | {len(cases)} | {B} | {sum(map(len, outs)) / secs:.0f} | "
-                            f"{same}/{len(cases)} |")
+                calls = sum(pipe.engine.stats()["draft_batch"].values())
+                rows.append(f"| {name} | {draft} | {k if draft != 'none' else '-'} | {len(cases)} | {B} | "
+                            f"{sum(map(len, outs)) / secs:.0f} | {calls} | {same}/{len(cases)} |")
                 print(rows[-1], flush=True)
         except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others' rows
-            rows.append(f"| {name} | - | - | - | - | {failed(e)} |")
+            rows.append(f"| {name} | - | - | - | - | - | - | {failed(e)} |")
             print(rows[-1], flush=True)
     return rows
 

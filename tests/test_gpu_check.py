@@ -22,6 +22,9 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     greedy = [line for line in report.splitlines() if line.startswith(("| onnxruntime CPU |", "| torch CPU eager |"))
               and line.count("|") == 8]
     assert len(greedy) == 10 and all(line.endswith("| yes | yes |") for line in greedy), report
-    batched = [line for line in report.splitlines() if line.startswith("| torch CPU eager |") and line.count("|") == 7]
-    assert len(batched) == 3 and all(line.endswith("| 4/4 |") for line in batched), report
+    batched = [line.split(" | ") for line in report.splitlines()
+               if line.startswith("| torch CPU eager |") and line.count("|") == 9]
+    assert len(batched) == 5 and all(cells[-1] == "4/4 |" for cells in batched), report
+    calls = {(cells[1], cells[2]): int(cells[6]) for cells in batched}  # the draft model ran batched on the device
+    assert calls[("none", "-")] == 0 and calls[("model", "4")] > 0 and ("model", "auto") in calls, report
     assert "| smollm2-135m | float32 | 2 | 5 |" in report  # the batched-call timing ran
