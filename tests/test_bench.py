@@ -134,18 +134,23 @@ def test_bench_concurrency_mode(bundle_noisy, tmp_path):
     percentiles, every output == its solo run, records + table + both plots."""
     qs = write_questions(tmp_path / "q.jsonl", [("writing", "hello world, hello world"), ("math", "Q: 12+7? A:")])
     out = tmp_path / "out"
-    methods = ["se-none", "se-ngram-k2", "se-recycle-kauto"]
+    methods = ["se-none", "se-ngram-k2", "se-recycle-kauto", "se-model-k2"]
     assert main(["bench", str(bundle_noisy), "--questions", str(qs), "--per-category", "1", "--max-new-tokens",
                  "10", "--concurrency", "1,2", "--methods", ",".join(methods), "--out", str(out)]) == 0
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert {(r["concurrency"], r["method"]) for r in records} == {(c, m) for c in (1, 2) for m in methods}
-    assert len(records) == 2 * 3 * 2 and all(r["identical"] and r["new_tokens"] > 0 for r in records)
+    assert len(records) == 2 * 4 * 2 and all(r["identical"] and r["new_tokens"] > 0 for r in records)
     assert all(0 < r["ttft_s"] <= r["latency_s"] and r["cpu"] for r in records)
     aggs = [json.loads(x) for x in (out / "aggregates.jsonl").read_text().splitlines()]
     assert all(a["tokens_per_s"] > 0 and a["pool_bytes"] > 0 for a in aggs)
     assert max(int(b) for a in aggs if a["concurrency"] == 2 for b in a["batch"]) == 2  # requests shared calls
+    # the engine's calls: only the draft model's requests made draft calls, and the summary shows both counts
+    drafted = {a["method"]: sum(a["draft_batch"].values()) for a in aggs if a["concurrency"] == 2}
+    assert drafted["se-model-k2"] > 0 and drafted["se-none"] == drafted["se-ngram-k2"] == 0, drafted
     table = (out / "summary.md").read_text()
     assert "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s |" in table
+    steps = next(a["steps"] for a in aggs if a["concurrency"] == 2 and a["method"] == "se-model-k2")
+    assert re.search(rf"\| 2 \| se-model-k2 \|.*\| {steps} \| {drafted['se-model-k2']} \|", table), table
     # the solo reference is measured before and after the levels, and the summary says both
     before, after = re.search(r"plain decoding = [\d.]+ tokens/s \(([\d.]+) before the levels, ([\d.]+) after\)",
                               table).groups()

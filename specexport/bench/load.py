@@ -331,8 +331,11 @@ def summarize_load(records: list[dict], aggs: list[dict], cfg: BenchConfig, info
         "tokens == the same request run alone." + (f" Median of {cfg.repeats} runs." if cfg.repeats > 1 else "")
         + (f" Prefix cache {cfg.prefix_cache_mb:g} MB (OpenVINO CB: its prefix caching on); the solo baseline "
            "prefills every prompt whole." if cfg.prefix_cache_mb else " No prefix cache (OpenVINO CB's off too)."),
+        "Steps: the engine's decode and verify calls of the target; draft calls: the draft model's; medians over "
+        "the runs (two methods that made the same calls differ in tokens/s by the machine's spread alone).",
         "", "| concurrency | method | tokens/s | vs solo plain | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
-            "TPOT p99 ms | identical | pool MB | RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "TPOT p99 ms | identical | steps | draft calls | pool MB | RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     noisy = []
     for level, meth in dict.fromkeys((a["concurrency"], a["method"]) for a in aggs):
         ag = [a for a in aggs if a["concurrency"] == level and a["method"] == meth]
@@ -344,9 +347,13 @@ def summarize_load(records: list[dict], aggs: list[dict], cfg: BenchConfig, info
         tt = [r["ttft_s"] for r in rs]
         tp = [1e3 * r["tpot_s"] for r in rs if r["tpot_s"] is not None]
         pool = ag[0].get("pool_bytes")
+        se = all(a.get("steps") is not None for a in ag)  # the engine's runs (OpenVINO's report no calls)
+        calls = [f"{np.median(v):.0f}" if se else "" for v in ([a.get("steps") for a in ag],
+                                                              [sum((a.get("draft_batch") or {}).values()) for a in ag])]
         lines.append(f"| {level} | {meth} | {med:.1f} | {med / solo:.2f}x | {pct(tt, 50):.2f} | {pct(tt, 99):.2f} | "
                      f"{pct(tp, 50):.1f} | {pct(tp, 99):.1f} | {sum(r['identical'] for r in rs)}/{len(rs)} | "
-                     f"{'' if pool is None else f'{pool / 2**20:.0f}'} | {ag[-1]['rss_mb']:.0f} |")
+                     f"{calls[0]} | {calls[1]} | {'' if pool is None else f'{pool / 2**20:.0f}'} | "
+                     f"{ag[-1]['rss_mb']:.0f} |")
     bad = [r for r in records if not r["identical"] and r["method"].startswith("se-")]
     if bad:
         lines += ["", "**Not token-identical to the solo run**: " + ", ".join(
