@@ -12,7 +12,8 @@ transformers' eager greedy generate, computed here.
 (none, model, ngram, recycle), that the batching engine on the torch backend gives each request its solo
 tokens (every prompt at once: B > 1 calls, CUDA-graph captured per (B, T) on CUDA; the draft model batched
 across rows on the device too, at k = 4 and k = "auto"), and times one step of a SmolLM2-shaped and a
-Llama-7B-shaped model with random weights (speed does not depend on the values) eagerly and replayed from CUDA graphs, float32 and bfloat16.
+Llama-7B-shaped model with random weights (speed does not depend on the values) eagerly and replayed from CUDA
+graphs, float32 and bfloat16.
 It prints a markdown report and writes it to $OUT/gpu_check.md (or --out). Without CUDA it runs the CPU rows
 only (a dry run of the script itself).
 """
