@@ -30,12 +30,11 @@ without them and the later ones with them).
 """
 import argparse
 import json
-import time
 
 import numpy as np
 
 import specexport
-from burst_state import afresh, verify_ks  # experiments/
+from burst_state import burst, verify_ks  # experiments/
 from specexport.bench.config import find_questions
 from specexport.runtime.costs import Payoff
 from specexport.runtime.engine import Engine
@@ -66,14 +65,6 @@ def choose_T(self, B, dec, trees, paused=False):
 
 
 Engine._choose_T = choose_T
-
-
-def burst(pipe, prompts, n, opts):
-    afresh(pipe)
-    t = time.perf_counter()
-    cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
-    toks = [c.wait(600).token_ids for c in cs]
-    return sum(len(x) for x in toks) / (time.perf_counter() - t), toks
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
 """(a helper, not a probe) What the experiments that run bursts on one engine share: `loaded`, a bundle and its
-prompts ready, `afresh`, the engine's learnt state reset before a burst, and `verify_ks`, the bundle's verify
-profiles cut to some k as if built with only them.
+prompts ready, `afresh`, the engine's learnt state reset before a burst, `burst`, one burst from that fresh state,
+and `verify_ks`, the bundle's verify profiles cut to some k as if built with only them.
 """
+import time
+
 import specexport
 from specexport.bench.config import find_questions, questions
 from specexport.runtime.costs import Payoff
@@ -32,6 +34,16 @@ def afresh(pipe) -> None:
     if pipe.engine.drafts is not None:
         pipe.engine.drafts.doubt = Doubt()
         pipe.engine.drafts.forget(pipe.fresh_table())  # the draft's own successors, for its calls' guesses
+
+
+def burst(pipe, prompts, n, opts):
+    """Every prompt submitted at once with `opts` (submit's keywords), from the state `afresh` leaves -> (tokens
+    per second of the whole burst, each request's tokens)."""
+    afresh(pipe)
+    t = time.perf_counter()
+    cs = [pipe.submit(p, max_new_tokens=n, **opts) for p in prompts]
+    toks = [c.wait(600).token_ids for c in cs]
+    return sum(len(x) for x in toks) / (time.perf_counter() - t), toks
 
 
 def verify_ks(pipe):

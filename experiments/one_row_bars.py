@@ -18,11 +18,10 @@ burst (burst_state.afresh); the prefix cache holds every prompt before the first
 import argparse
 import collections
 import statistics
-import time
 
 import numpy as np
 
-from burst_state import afresh, loaded  # experiments/
+from burst_state import burst, loaded  # experiments/
 from specexport.runtime.drafters.model import PoolDrafts
 
 SCALE = [1.0]
@@ -59,12 +58,8 @@ def main() -> None:
         names = list(methods)[rnd % len(methods):] + list(methods)[:rnd % len(methods)]
         for m in names:
             k, SCALE[0] = methods[m]
-            afresh(pipe)
             LENGTHS.clear()
-            t0 = time.perf_counter()
-            cs = [pipe.submit(x, max_new_tokens=a.max_new_tokens, draft="model", k=k) for x in prompts]
-            out = [c.wait(600).token_ids for c in cs]
-            rate = sum(map(len, out)) / (time.perf_counter() - t0)
+            rate, out = burst(pipe, prompts, a.max_new_tokens, dict(draft="model", k=k))
             rates[m].append(rate)
             tokens.setdefault(m, out)
             print(f"round {rnd + 1} {m:10s} {rate:6.1f} tokens/s  chains by length {sorted(LENGTHS.items())}",

@@ -19,9 +19,8 @@ The learnt state starts afresh every burst (burst_state.afresh); the prefix cach
 import argparse
 import collections
 import statistics
-import time
 
-from burst_state import afresh, loaded  # experiments/
+from burst_state import burst, loaded  # experiments/
 from specexport.runtime.drafters.model import PoolDrafts
 
 STATS = collections.Counter()  # this burst's draft calls, proposals and seconds
@@ -61,12 +60,8 @@ def main() -> None:
             drafts.stage = v != "one"
             drafts.token_cost = (lambda B: drafts.costs.cost(B, 1)) if v == "unpriced" else \
                 token_cost.__get__(drafts)
-            afresh(pipe)
             STATS.clear()
-            t0 = time.perf_counter()
-            cs = [pipe.submit(x, max_new_tokens=a.max_new_tokens, draft="model", k=k) for x in prompts]
-            out = [c.wait(600).token_ids for c in cs]
-            rate = sum(map(len, out)) / (time.perf_counter() - t0)
+            rate, out = burst(pipe, prompts, a.max_new_tokens, dict(draft="model", k=k))
             rates[m].append(rate)
             tokens.setdefault(m, out)
             d = pipe.engine.drafts
